@@ -1566,11 +1566,13 @@ int main(int argc, char** argv) {
     TrainConfig tc;
     parse_args(argc, argv, &mc, &tc);
     train_config_check(&tc, 1);
+    char device[64];
 #ifdef _OPENMP
     if (tc.threads > 0) { omp_set_num_threads(tc.threads); }
     int nthreads = omp_get_max_threads();
+    snprintf(device, sizeof device, "CPU, %d OpenMP thread%s", nthreads, nthreads == 1 ? "" : "s");
 #else
-    int nthreads = 1;
+    snprintf(device, sizeof device, "CPU, 1 thread (built without OpenMP)");
 #endif
     MqarConfig mq = {tc.mqar_vocab, tc.T, tc.mqar_pairs, tc.mqar_power_a};
 
@@ -1638,8 +1640,6 @@ int main(int argc, char** argv) {
         printf("warning: allow_neg_eigval (beta up to 2) with squash x = %g breaks beta*x <= 2, the eigenvalue bound of "
                "the paper (App. E.3); training may be unstable\n", mc.squash_x);
     }
-    char device[64];
-    snprintf(device, sizeof device, "CPU, %d OpenMP thread%s", nthreads, nthreads == 1 ? "" : "s");
     print_config_box(&mc, &tc, &m.lay, device, REAL_DTYPE);
 
     Rng data_rng;
