@@ -20,24 +20,58 @@ endif
 
 HEADERS = utils.h pdn.h mqar.h train_common.h
 
-.PHONY: all test clean
+# the Python-free data path: tokenizer, token shards, data loader (header-only) and the dev/data tools
+DATA_HEADERS = tokenizer.h unicode_tables.h shard.h dataloader.h
+DATA_TOOLS = dev/data/prepare_shards dev/data/inspect_shard dev/data/train_bpe dev/data/bench_tokenizer
 
-all: train_pdn test_pdn test_pdn64
+# CUDA: the GPU trainer builds where nvcc exists (it needs no GPU to compile). PRECISION=FP32 builds the all-fp32
+# trainer used for exactness checks against the CPU reference; default bf16 mixed precision. GPU_ARCH: sm_90 (Hopper).
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+GPU_ARCH ?= sm_90
+NVCCFLAGS = -O3 -std=c++17 -arch=$(GPU_ARCH) -Xcompiler -Wall,-Wextra,-Wno-unused-function
+NVLDLIBS = -lcublas -lcublasLt
+PRECISION ?= BF16
+ifeq ($(PRECISION),FP32)
+  PRECISION_FLAG = -DENABLE_FP32
+endif
+
+.PHONY: all test clean cuda
+
+all: train_pdn test_pdn test_pdn64 $(DATA_TOOLS)
 
 train_pdn: train_pdn.c $(HEADERS)
 	$(CC) $(CFLAGS) $< $(LDLIBS) -o $@
 
 # the CPU tests in fp32, and the gradient checks in fp64 (the same code, real = double)
 # (the tests include train_pdn.c without its main, hence -Wno-unused-function)
-test_pdn: test_pdn.c train_pdn.c $(HEADERS)
+test_pdn: test_pdn.c train_pdn.c $(HEADERS) $(DATA_HEADERS)
 	$(CC) $(CFLAGS) -Wno-unused-function $< $(LDLIBS) -o $@
 
 test_pdn64: test_pdn.c train_pdn.c $(HEADERS)
 	$(CC) $(CFLAGS) -Wno-unused-function -DPDN_DOUBLE $< $(LDLIBS) -o $@
 
-test: train_pdn test_pdn test_pdn64
+test: train_pdn test_pdn test_pdn64 $(DATA_TOOLS)
 	./test_pdn64
 	./test_pdn
 
+# the CUDA trainer (PRECISION=BF16 default, or FP32), and the all-fp32 one under its own name
+train_pdncu: train_pdn.cu $(HEADERS)
+ifeq ($(NVCC),)
+	$(error nvcc not found: install the CUDA toolkit (or set NVCC=/path/to/nvcc) to build the GPU trainer)
+endif
+	$(NVCC) $(NVCCFLAGS) $(PRECISION_FLAG) $< $(NVLDLIBS) -o $@
+
+train_pdncu_fp32: train_pdn.cu $(HEADERS)
+ifeq ($(NVCC),)
+	$(error nvcc not found: install the CUDA toolkit (or set NVCC=/path/to/nvcc) to build the GPU trainer)
+endif
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(NVLDLIBS) -o $@
+
+cuda: train_pdncu train_pdncu_fp32
+
+# the data tools (a tool uses only part of the header-only libraries, hence -Wno-unused-function)
+$(DATA_TOOLS): dev/data/%: dev/data/%.c dev/data/data_tools.h utils.h $(DATA_HEADERS)
+	$(CC) $(CFLAGS) -Wno-unused-function -I. $< $(LDLIBS) -o $@
+
 clean:
-	rm -f train_pdn test_pdn test_pdn64
+	rm -f train_pdn test_pdn test_pdn64 train_pdncu train_pdncu_fp32 $(DATA_TOOLS)

@@ -358,7 +358,8 @@ static void pdn_init_params(const PdnConfig* c, const PdnLayout* lay, real* para
     for (int i = 0; i < NUM_TENSORS; i++) {
         const PdnTensor* t = &lay->t[i];
         if (t->numel == 0) { continue; }
-        NormalRng nr = {0};
+        NormalRng nr;
+        memset(&nr, 0, sizeof nr);
         rng_seed(&nr.rng, seed * 1000003ull + (uint64_t)i * 7919ull + 12345ull);
         real* p = params + t->offset;
         for (size_t j = 0; j < t->numel; j++) {
@@ -496,7 +497,8 @@ static void header_read(FILE* f, const char* path, const char* magic, Header* h)
     size_t ml = strlen(magic);
     if (got < ml + 1 || memcmp(first, magic, ml) != 0 || first[ml] != '\n') {
         fail(EXIT_BADFILE, "%s: not a pdn %s file (bad magic; expected a first line '%s')", path,
-             strcmp(magic, PDN_CKPT_MAGIC) == 0 ? "checkpoint" : "training-state", magic);
+             strcmp(magic, PDN_CKPT_MAGIC) == 0 ? "checkpoint" : strcmp(magic, PDN_STATE_MAGIC) == 0 ? "training-state" : "debug-state",
+             magic);
     }
     int version = 0;
     char hb[32] = {0};
@@ -573,7 +575,8 @@ static void tensor_shape_str(const PdnTensor* t, char* out, size_t n) {
 // Returns its CRC.
 static uint32_t pdn_checkpoint_write(const char* path, const PdnConfig* c, const PdnLayout* lay,
                                      const void* params, const char* dtype, long step) {
-    TextBuf tb = {0};
+    TextBuf tb;
+    memset(&tb, 0, sizeof tb);
     tb_printf(&tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nnum_params %zu\nstep %ld\n",
               PDN_CKPT_MAGIC, PDN_CKPT_VERSION, dtype, lay->num_elems, lay->num_params, step);
     pdn_config_to_header(c, &tb);

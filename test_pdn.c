@@ -707,6 +707,897 @@ static void test_mqar_learns(void) {
            acc, wall_seconds() - t0);
 }
 
+// ====================================================================================================
+// data path tests (tokenizer.h, shard.h, dataloader.h and the dev/data tools). Everything that needs GPT-2's
+// vocabulary or tinyshakespeare reads them from $PDN_SHARED (default ../shared) and says so when it skips; the
+// rest runs anywhere. Expected GPT-2 ids come from independent encoders (dev/data/fixtures/make_fixtures.mjs).
+#include "tokenizer.h"
+#include "dataloader.h"
+
+#define DATA_TMP "/tmp/pdn_test_data"
+static char data_msg[1 << 16];
+
+static const char* shared_dir(void) {
+    const char* s = getenv("PDN_SHARED");
+    return s && s[0] ? s : "../shared";
+}
+
+// GPT-2's tokenizer from the shared directory; 0 (and a skip line) if it is not there
+static int load_gpt2(Tokenizer* t, const char* test) {
+    char ej[1024], vb[1024];
+    snprintf(ej, sizeof ej, "%s/data/gpt2/encoder.json", shared_dir());
+    snprintf(vb, sizeof vb, "%s/data/gpt2/vocab.bpe", shared_dir());
+    if (!file_exists(ej) || !file_exists(vb)) {
+        printf("  SKIP %s: %s/data/gpt2/{encoder.json,vocab.bpe} not found (set PDN_SHARED)\n", test, shared_dir());
+        return 0;
+    }
+    tokenizer_load_gpt2(t, ej, vb);
+    return 1;
+}
+
+static size_t hex_decode(const char* hex, uint8_t* out) {
+    size_t n = 0;
+    if (strcmp(hex, "-") == 0) { return 0; }
+    for (const char* p = hex; p[0] && p[1]; p += 2) { unsigned v; sscanf(p, "%2x", &v); out[n++] = (uint8_t)v; }
+    return n;
+}
+
+// Runs fn(arg) in a child process with stderr captured; returns its exit code and puts its stderr in msg.
+// (fail() exits, so refusals are tested in a child.)
+static int run_child(void (*fn)(void*), void* arg, char* msg, size_t n) {
+    fflush(stdout); fflush(stderr);
+    char path[] = DATA_TMP "/stderr_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) { return -1; }
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fd, 2);
+        fn(arg);
+        fflush(stderr);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    size_t got = (size_t)pread(fd, msg, n - 1, 0);
+    msg[got < n ? got : 0] = 0;
+    close(fd);
+    unlink(path);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void write_bytes(const char* path, const void* p, size_t n) {
+    FILE* f = fopenCheck(path, "wb");
+    fwriteCheck(p, 1, n, f);
+    fclose(f);
+}
+
+static int same_ids(const int* a, size_t na, const int* b, size_t nb) {
+    return na == nb && (na == 0 || memcmp(a, b, na * sizeof(int)) == 0);
+}
+
+// ---- the pre-tokenizer against splits worked out by hand from GPT-2's pattern
+
+static void test_pretokenizer_hand(void) {
+    struct { const char* text; const char* pieces[8]; } cases[] = {
+        {"Hello world", {"Hello", " world"}},
+        {"DON'T stop", {"DON", "'", "T", " stop"}},                     // contractions are lowercase only
+        {"it's we'll they're", {"it", "'s", " we", "'ll", " they", "'re"}},
+        {"!'s x's", {"!'", "s", " x", "'s"}},                            // the punctuation run takes the quote
+        {"a  b", {"a", " ", " b"}},                                      // \s+(?!\S) leaves the last space
+        {"a\n\nb", {"a", "\n", "\n", "b"}},                              // ... and a lone \n before b is \s+
+        {"x  ", {"x", "  "}},                                            // trailing spaces: one piece
+        {"x \xc2\x85y", {"x", " ", "\xc2\x85", "y"}},                    // U+0085 is \s in the regex module
+        {" \xef\xbb\xbf" "b", {" \xef\xbb\xbf", "b"}},                   // U+FEFF is not (it is "other")
+        {"12ab34", {"12", "ab", "34"}},
+        {"ab\xff" "cd", {"ab", "\xff", "cd"}},                           // an invalid byte is "other"
+        {"caf\xc3", {"caf", "\xc3"}},                                    // truncated sequence
+        {"a\xc0\xaf" "b \xed\xa0\x80!", {"a", "\xc0\xaf", "b", " \xed\xa0\x80!"}},   // overlong, surrogate
+        {"\xe3\x80\x80x", {"\xe3\x80\x80", "x"}},                        // U+3000 alone before x
+    };
+    int ok = 1;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        const uint8_t* s = (const uint8_t*)cases[c].text;
+        size_t n = strlen(cases[c].text), i = 0;
+        int k = 0, good = 1;
+        while (i < n) {
+            size_t e = pretokenize_next(s, n, i);
+            const char* want = cases[c].pieces[k++];
+            if (!want || strlen(want) != e - i || memcmp(want, s + i, e - i) != 0) { good = 0; break; }
+            i = e;
+        }
+        if (good && cases[c].pieces[k]) { good = 0; }
+        CHECK(good, "pre-tokenizer splits case %zu ('%s') differently from GPT-2's pattern (piece %d)", c, cases[c].text, k);
+        ok &= good;
+    }
+    printf("  pre-tokenizer: %zu hand-split cases (contractions, whitespace look-ahead, U+0085, U+FEFF, invalid UTF-8) %s\n",
+           sizeof(cases) / sizeof(cases[0]), ok ? "match" : "FAIL");
+}
+
+// ---- GPT-2 ids against the committed fixtures (independent encoders)
+
+static void test_gpt2_fixtures(Tokenizer* gpt2) {
+    FILE* f = fopenCheck("dev/data/fixtures/gpt2_cases.txt", "r");
+    static char line[1 << 16];
+    static uint8_t text[1 << 15];
+    int cases = 0, good = 0;
+    TokenBuf got = {0};
+    ByteBuf back = {0};
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#' || line[0] == '\n') { continue; }
+        char* ids = strchr(line, ' ');
+        if (!ids) { continue; }
+        *ids++ = 0;
+        ids[strcspn(ids, "\n")] = 0;
+        size_t n = hex_decode(line, text);
+        int want[4096], nw = 0;
+        for (char* p = ids; strcmp(ids, "-") != 0 && *p;) { want[nw++] = (int)strtol(p, &p, 10); if (*p == ',') { p++; } }
+        got.n = 0; back.n = 0;
+        tokenizer_encode(gpt2, text, n, &got);
+        tokenizer_decode(gpt2, got.ids, got.n, &back);
+        int ok = same_ids(got.ids, got.n, want, (size_t)nw) && back.n == n && memcmp(back.b, text, n) == 0;
+        CHECK(ok, "GPT-2 ids differ from the fixture for '%.*s' (%zu ids, expected %d)", (int)n, text, got.n, nw);
+        cases++; good += ok;
+    }
+    fclose(f);
+    tokbuf_free(&got); bytebuf_free(&back);
+    CHECK(cases >= 40, "only %d fixture cases read", cases);
+    printf("  GPT-2: %d/%d fixture strings (English, contractions, accents, CJK, emoji/ZWJ, digits, punctuation, "
+           "whitespace runs, mixed scripts) give js-tiktoken's ids and decode back\n", good, cases);
+}
+
+// the published files survive our writers: our .bin and a rewritten encoder.json/vocab.bpe reproduce them
+static void test_gpt2_formats(Tokenizer* gpt2) {
+    char ej[1024], vb[1024];
+    snprintf(ej, sizeof ej, "%s/data/gpt2/encoder.json", shared_dir());
+    snprintf(vb, sizeof vb, "%s/data/gpt2/vocab.bpe", shared_dir());
+    tokenizer_save(gpt2, DATA_TMP "/gpt2.bin");
+    tokenizer_save_gpt2(gpt2, DATA_TMP "/encoder.json", DATA_TMP "/vocab.bpe");
+    CHECK(files_equal(ej, DATA_TMP "/encoder.json") && files_equal(vb, DATA_TMP "/vocab.bpe"),
+          "rewritten encoder.json / vocab.bpe differ from the published files");
+    Tokenizer t2;
+    tokenizer_load(&t2, DATA_TMP "/gpt2.bin");
+    int same = t2.vocab_size == gpt2->vocab_size && t2.n_merges == gpt2->n_merges && t2.eot_id == gpt2->eot_id &&
+               memcmp(t2.merge_result, gpt2->merge_result, (size_t)t2.n_merges * sizeof(int)) == 0 &&
+               memcmp(t2.tok_off, gpt2->tok_off, (size_t)(t2.vocab_size + 1) * sizeof(size_t)) == 0 &&
+               memcmp(t2.tok_bytes, gpt2->tok_bytes, gpt2->tok_off[gpt2->vocab_size]) == 0;
+    CHECK(same, "our binary form of GPT-2 does not load back to the same vocabulary and merges");
+    tokenizer_free(&t2);
+    FILE* f = fopenCheck(DATA_TMP "/gpt2.bin", "rb");
+    printf("  GPT-2 formats: encoder.json + vocab.bpe rewritten byte-identical; our .bin (%lld bytes) loads back identical\n",
+           file_size(f));
+    fclose(f);
+}
+
+static void test_tinyshakespeare(Tokenizer* gpt2) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/data/tinyshakespeare.txt", shared_dir());
+    if (!file_exists(path)) { printf("  SKIP tinyshakespeare: %s not found (set PDN_SHARED)\n", path); return; }
+    FILE* f = fopenCheck("dev/data/fixtures/tinyshakespeare.txt", "r");
+    char line[256];
+    unsigned long long want_n = 0;
+    unsigned want_crc = 0;
+    while (fgets(line, sizeof line, f)) { sscanf(line, "tokens %llu", &want_n); sscanf(line, "crc32 %x", &want_crc); }
+    fclose(f);
+    size_t n;
+    uint8_t* text = slurp_file(path, &n);
+    TokenBuf ids = {0};
+    double t0 = wall_seconds();
+    tokenizer_encode(gpt2, text, n, &ids);
+    double dt = wall_seconds() - t0;
+    uint32_t crc = 0;
+    for (size_t i = 0; i < ids.n; i++) { uint16_t v = (uint16_t)ids.ids[i]; crc = crc32_update(crc, &v, 2); }
+    CHECK(ids.n == want_n && crc == want_crc, "tinyshakespeare: %zu tokens crc %08x, js-tiktoken gives %llu crc %08x",
+          ids.n, crc, want_n, want_crc);
+    printf("  tinyshakespeare: %zu tokens, CRC-32 %08x, equal to js-tiktoken's (%.1f MB/s, cold cache)\n", ids.n, crc, n / 1e6 / dt);
+    tokbuf_free(&ids);
+    free(text);
+}
+
+// ---- round trip and BPE exactness on random byte strings
+
+static const char* RT_POOL[] = {
+    "a", "Z", "q", "'", "'s", "'ll", "'T", " ", "  ", "\t", "\n", "\r\n", "\x0b", "1", "42", "9999", ".", "!?", "--",
+    "\xc3\xa9", "\xc3\x9f", "\xe6\x97\xa5\xe6\x9c\xac", "\xf0\x9f\x98\x80", "\xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd",
+    "\xe2\x80\x8d", "\xcc\x81", "\xc2\x85", "\xef\xbb\xbf", "\xe3\x80\x80", "\xc2\xa0", "\xd9\xa3", "<|endoftext|>",
+    "\xe2\x80\xa8", "the", " the", "ing", " and",
+};
+
+static size_t random_text(Rng* r, uint8_t* out, size_t cap) {
+    size_t target = (size_t)rng_below(r, 80), n = 0;
+    while (n < target) {
+        uint64_t kind = rng_below(r, 10);
+        if (kind < 3) { if (n < cap) { out[n++] = (uint8_t)rng_below(r, 256); } continue; }   // raw bytes: mostly invalid UTF-8
+        const char* p = RT_POOL[rng_below(r, sizeof(RT_POOL) / sizeof(RT_POOL[0]))];
+        size_t len = strlen(p);
+        if (kind == 3 && len > 1) { len = 1 + (size_t)rng_below(r, len - 1); }   // a truncated piece
+        if (n + len > cap) { break; }
+        memcpy(out + n, p, len);
+        n += len;
+    }
+    return n;
+}
+
+// GPT-2's bpe() written the plain way (find the lowest-rank pair, merge all its occurrences, repeat), as an
+// independent reference for the heap-based bpe_piece
+static size_t naive_bpe(const Tokenizer* t, const uint8_t* w, size_t n, int* out) {
+    for (size_t i = 0; i < n; i++) { out[i] = t->byte_token[w[i]]; }
+    for (;;) {
+        uint64_t best = UINT64_MAX, r;
+        for (size_t i = 0; i + 1 < n; i++) {
+            if (pairmap_get(&t->ranks, pair_key(out[i], out[i + 1]), &r) && r < best) { best = r; }
+        }
+        if (best == UINT64_MAX) { return n; }
+        int a = t->merge_left[best], b = t->merge_right[best], m = t->merge_result[best];
+        size_t o = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (i + 1 < n && out[i] == a && out[i + 1] == b) { out[o++] = m; i++; } else { out[o++] = out[i]; }
+        }
+        n = o;
+    }
+}
+
+static void test_roundtrip_random(Tokenizer* t, const char* name) {
+    Rng r;
+    rng_seed(&r, 4242);
+    static uint8_t s[256];
+    static int ref[256];
+    TokenBuf ids = {0}, parts = {0};
+    ByteBuf back = {0};
+    int n_cases = 3000, rt_ok = 0, bpe_ok = 0, part_ok = 0, invalid = 0, pieces = 0;
+    for (int c = 0; c < n_cases; c++) {
+        size_t n = random_text(&r, s, sizeof s);
+        for (size_t i = 0, len; i < n; i += len) { if (utf8_decode(s, n, i, &len) < 0) { invalid++; break; } }
+        ids.n = 0; back.n = 0; parts.n = 0;
+        tokenizer_encode(t, s, n, &ids);
+        tokenizer_decode(t, ids.ids, ids.n, &back);
+        int ok = back.n == n && memcmp(back.b, s, n) == 0;
+        CHECK(ok, "%s: random string %d (%zu bytes) does not round-trip", name, c, n);
+        rt_ok += ok;
+        // the same ids when encoded in parts of at most 7 bytes, and piece by piece with the plain bpe()
+        for (size_t p = 0; p < n;) { p = tokenizer_encode_part(t, s, n, p, 7, &parts); }
+        part_ok += same_ids(ids.ids, ids.n, parts.ids, parts.n);
+        size_t k = 0;
+        int good = 1;
+        for (size_t i = 0; i < n;) {
+            size_t e = pretokenize_next(s, n, i);
+            size_t m = naive_bpe(t, s + i, e - i, ref);
+            good &= k + m <= ids.n && memcmp(ids.ids + k, ref, m * sizeof(int)) == 0;
+            k += m; i = e; pieces++;
+        }
+        bpe_ok += good && k == ids.n;
+    }
+    CHECK(part_ok == n_cases, "%s: encoding in parts differs from encoding at once in %d cases", name, n_cases - part_ok);
+    CHECK(bpe_ok == n_cases, "%s: heap BPE differs from the plain bpe() loop in %d cases", name, n_cases - bpe_ok);
+    printf("  %s: %d/%d random byte strings (%d with invalid UTF-8) round-trip exactly; ids equal the plain bpe() loop "
+           "on %d pieces (%d/%d) and encoding in 7-byte parts (%d/%d)\n", name, rt_ok, n_cases, invalid, pieces, bpe_ok,
+           n_cases, part_ok, n_cases);
+    tokbuf_free(&ids); tokbuf_free(&parts); bytebuf_free(&back);
+}
+
+// ---- BPE training: three tiny corpora whose merges are worked out by hand
+//
+// (1) "aaabdaaabac" (one piece). Pair counts (overlapping places count): aa 4, ab 2, bd 1, da 1, ba 1, ac 1.
+//     merge 1: (a, a). Left to right: [aa a b d aa a b a c]; counts (aa,a) 2, (a,b) 2, others 1.
+//     merge 2: tie at 2; left tokens "a" < "aa" (a prefix sorts first): (a, b). [aa ab d aa ab a c]
+//     merge 3: (aa, ab) with 2 -> "aaab". [aaab d aaab a c]; every pair now occurs once: stop (--min-count 2).
+// (2) "hug hug hug pug pun bun hugs": pieces "hug" 1, " hug" 2, " pug" 1, " pun" 1, " bun" 1, " hugs" 1.
+//     counts: (u,g) 1+2+1+1 = 5, (h,u) 4, ( ,h) 3, ( ,p) 2, (p,u) 2, (u,n) 2, ( ,b) 1, (b,u) 1, (g,s) 1.
+//     merge 1: (u, g) 5.   then (h,ug) 4, ( ,h) 3, ( ,p) 2, (u,n) 2, (p,ug) 1, (p,u) 1, ...
+//     merge 2: (h, ug) 4.  then ( ,hug) 3, ( ,p) 2, (u,n) 2, ...
+//     merge 3: ( , hug) 3. then ( ,p) 2 and (u,n) 2 tie: " " (0x20) < "u"
+//     merge 4: ( , p).     then (u,n) 2, the rest 1
+//     merge 5: (u, n).     stop.
+// (3) "zz zz zz zz ab cab dab": pieces "zz" 1, " zz" 3, " ab", " cab", " dab" 1 each. (z,z) = 4 beats (a,b) = 3
+//     although (a,b) is in more distinct pieces: counts are weighted by piece frequency.
+//     merge 1: (z, z). then ( ,zz) 3 and (a,b) 3 tie: " " < "a"
+//     merge 2: ( , zz). merge 3: (a, b) 3. Then every pair occurs once: stop.
+static void test_bpe_training(void) {
+    struct { const char* corpus; const char* merges[6][2]; } cases[] = {
+        {"aaabdaaabac", {{"a", "a"}, {"a", "b"}, {"aa", "ab"}}},
+        {"hug hug hug pug pun bun hugs", {{"u", "g"}, {"h", "ug"}, {" ", "hug"}, {" ", "p"}, {"u", "n"}}},
+        {"zz zz zz zz ab cab dab", {{"z", "z"}, {" ", "zz"}, {"a", "b"}}},
+    };
+    char cmd[1024], dir[256], path[512];
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        snprintf(path, sizeof path, DATA_TMP "/bpe_corpus%zu.txt", c);
+        write_bytes(path, cases[c].corpus, strlen(cases[c].corpus));
+        snprintf(dir, sizeof dir, DATA_TMP "/bpe%zu", c);
+        snprintf(cmd, sizeof cmd, "./dev/data/train_bpe --vocab-size 300 --quiet 1 --out-dir %s %s", dir, path);
+        int rc = run_cmd(cmd, data_msg, sizeof data_msg);
+        CHECK(rc == 0, "train_bpe failed (rc %d):\n%s", rc, data_msg);
+        Tokenizer t, tj;
+        snprintf(path, sizeof path, "%s/tokenizer.bin", dir);
+        tokenizer_load(&t, path);
+        tokenizer_load(&tj, dir);   // encoder.json + vocab.bpe: the same vocabulary
+        int nm = 0;
+        while (nm < 6 && cases[c].merges[nm][0]) { nm++; }
+        int ok = t.n_merges == nm && t.vocab_size == 257 + nm && t.eot_id == 256 + nm;
+        for (int r = 0; ok && r < nm; r++) {
+            size_t la, lb;
+            const uint8_t* a = tokenizer_token(&t, t.merge_left[r], &la);
+            const uint8_t* b = tokenizer_token(&t, t.merge_right[r], &lb);
+            ok = la == strlen(cases[c].merges[r][0]) && memcmp(a, cases[c].merges[r][0], la) == 0 &&
+                 lb == strlen(cases[c].merges[r][1]) && memcmp(b, cases[c].merges[r][1], lb) == 0 && t.merge_result[r] == 256 + r;
+        }
+        CHECK(ok, "train_bpe on '%s': the %d merges learned are not the %d worked out by hand (see the comment)", cases[c].corpus, t.n_merges, nm);
+        CHECK(tj.n_merges == t.n_merges && tj.vocab_size == t.vocab_size && tj.eot_id == t.eot_id &&
+              memcmp(tj.merge_result, t.merge_result, (size_t)t.n_merges * sizeof(int)) == 0,
+              "train_bpe: encoder.json/vocab.bpe and tokenizer.bin disagree");
+        uint8_t order[256];
+        gpt2_byte_order(order);
+        int bytes_ok = 1;
+        for (int k = 0; k < 256; k++) { bytes_ok &= t.byte_token[order[k]] == k; }
+        CHECK(bytes_ok, "train_bpe: the 256 byte tokens are not in GPT-2's order");
+        tokenizer_free(&t); tokenizer_free(&tj);
+    }
+    printf("  BPE training: 3 tiny corpora give the merges worked out by hand (overlapping counts, frequency weights, "
+           "byte-order ties); .bin and encoder.json/vocab.bpe agree\n");
+}
+
+// a tokenizer trained on the fixture strings (multilingual), for the tests that must run without ../shared
+static void train_small_tokenizer(Tokenizer* t) {
+    FILE* f = fopenCheck("dev/data/fixtures/gpt2_cases.txt", "r");
+    FILE* out = fopenCheck(DATA_TMP "/corpus.txt", "wb");
+    static char line[1 << 16];
+    static uint8_t text[1 << 15];
+    while (fgets(line, sizeof line, f)) {
+        if (line[0] == '#') { continue; }
+        char* sp = strchr(line, ' ');
+        if (!sp) { continue; }
+        *sp = 0;
+        size_t n = hex_decode(line, text);
+        for (int rep = 0; rep < 3; rep++) { fwriteCheck(text, 1, n, out); fputc('\n', out); }
+    }
+    fclose(f); fclose(out);
+    int rc = run_cmd("./dev/data/train_bpe --vocab-size 700 --min-count 1 --quiet 1 --out-dir " DATA_TMP "/small " DATA_TMP "/corpus.txt",
+                     data_msg, sizeof data_msg);
+    CHECK(rc == 0, "train_bpe on the fixture corpus failed (rc %d):\n%s", rc, data_msg);
+    tokenizer_load(t, DATA_TMP "/small/tokenizer.bin");
+}
+
+// ---- tokenizer files: llm.c's format by hand, corrupted files refused
+
+static void child_load_tokenizer(void* path) { Tokenizer t; tokenizer_load(&t, (const char*)path); }
+static void child_encode_llmc(void* path) {
+    Tokenizer t;
+    tokenizer_load(&t, (const char*)path);
+    TokenBuf b = {0};
+    tokenizer_encode(&t, "hi", 2, &b);
+}
+
+static void test_tokenizer_files(Tokenizer* small) {
+    // llm.c's gpt2_tokenizer.bin layout, version 2, three tokens "hi", " ", "<|endoftext|>" (EOT = 2)
+    uint8_t buf[1024 + 32];
+    memset(buf, 0, sizeof buf);
+    const uint8_t head[16] = {0xc8, 0xd7, 0x34, 0x01, 2, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0};   // 20240328, v2, 3 tokens, eot 2
+    memcpy(buf, head, sizeof head);
+    size_t n = 1024;
+    const char* toks[3] = {"hi", " ", "<|endoftext|>"};
+    for (int i = 0; i < 3; i++) { buf[n++] = (uint8_t)strlen(toks[i]); memcpy(buf + n, toks[i], strlen(toks[i])); n += strlen(toks[i]); }
+    write_bytes(DATA_TMP "/llmc_tok.bin", buf, n);
+    Tokenizer t;
+    tokenizer_load(&t, DATA_TMP "/llmc_tok.bin");
+    int ids[4] = {0, 1, 0, 2};
+    ByteBuf out = {0};
+    tokenizer_decode(&t, ids, 4, &out);
+    CHECK(t.vocab_size == 3 && t.eot_id == 2 && out.n == 18 && memcmp(out.b, "hi hi<|endoftext|>", 18) == 0,
+          "llm.c tokenizer (hand-built) decodes to '%.*s'", (int)out.n, out.b);
+    tokenizer_free(&t);
+    bytebuf_free(&out);
+    int rc = run_child(child_encode_llmc, DATA_TMP "/llmc_tok.bin", data_msg, sizeof data_msg);
+    CHECK(rc == EXIT_BADFILE && strstr(data_msg, "can only decode"), "encoding with llm.c's tokenizer: rc %d, %s", rc, data_msg);
+    buf[4] = 1;   // version 1: EOT is assumed to be 50256, which a 3-token vocabulary does not have
+    write_bytes(DATA_TMP "/llmc_tok1.bin", buf, n);
+    rc = run_child(child_load_tokenizer, DATA_TMP "/llmc_tok1.bin", data_msg, sizeof data_msg);
+    CHECK(rc == EXIT_BADFILE && strstr(data_msg, "50256"), "llm.c tokenizer v1 with 3 tokens: rc %d, %s", rc, data_msg);
+    // our binary form: bad magic, bad version, truncated, flipped byte
+    tokenizer_save(small, DATA_TMP "/tok.bin");
+    size_t tn;
+    uint8_t* tb = slurp_file(DATA_TMP "/tok.bin", &tn);
+    struct { const char* what; size_t off; uint8_t val; size_t len; const char* expect; } bad[] = {
+        {"bad magic", 0, 'X', tn, "bad magic"},
+        {"bad version", 8, 9, tn, "version 9"},
+        {"truncated", 0, 'P', tn - 100, "truncated"},
+        {"flipped byte", 100, 0, tn, "checksum mismatch"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint8_t* copy = (uint8_t*)mallocCheck(tn);
+        memcpy(copy, tb, tn);
+        copy[bad[i].off] = bad[i].off == 100 ? (uint8_t)(copy[100] ^ 0x40) : bad[i].val;
+        write_bytes(DATA_TMP "/bad_tok.bin", copy, bad[i].len);
+        rc = run_child(child_load_tokenizer, DATA_TMP "/bad_tok.bin", data_msg, sizeof data_msg);
+        CHECK(rc == EXIT_BADFILE && strstr(data_msg, bad[i].expect) && strncmp(data_msg, "error: ", 7) == 0,
+              "tokenizer file with %s: expected exit 2 and '%s', got rc %d: %s", bad[i].what, bad[i].expect, rc, data_msg);
+        free(copy);
+    }
+    free(tb);
+    // encoder.json errors: not JSON, a character outside the byte alphabet
+    mkdir(DATA_TMP "/badjson", 0755);
+    const char* j1 = "{\"a\": 0, \"b\" 1}";
+    write_bytes(DATA_TMP "/badjson/encoder.json", j1, strlen(j1));
+    write_bytes(DATA_TMP "/badjson/vocab.bpe", "#version: 0.2\n", 14);
+    rc = run_child(child_load_tokenizer, DATA_TMP "/badjson", data_msg, sizeof data_msg);
+    CHECK(rc == EXIT_BADFILE && strstr(data_msg, "expected ':'"), "bad encoder.json: rc %d, %s", rc, data_msg);
+    const char* j2 = "{\"a\": 0, \" \": 1}";
+    write_bytes(DATA_TMP "/badjson/encoder.json", j2, strlen(j2));
+    rc = run_child(child_load_tokenizer, DATA_TMP "/badjson", data_msg, sizeof data_msg);
+    CHECK(rc == EXIT_BADFILE && strstr(data_msg, "byte alphabet"), "encoder.json with a raw space: rc %d, %s", rc, data_msg);
+    printf("  tokenizer files: llm.c's format (hand-built) decodes and refuses to encode; bad magic, version, truncation, "
+           "flipped byte and bad JSON are refused with exit 2\n");
+}
+
+// ---- shards
+
+static void test_shard_roundtrip(void) {
+    int ids16[] = {0, 1, 50256, 65535, 12345, 7};
+    int ids32[] = {0, 65536, 100000, 2147483647, 3, 128255};
+    shard_write(DATA_TMP "/s16.bin", 2, ids16, 6);
+    shard_write(DATA_TMP "/s32.bin", 4, ids32, 6);
+    ShardInfo i16, i32;
+    int* r16 = shard_read_all(DATA_TMP "/s16.bin", &i16);
+    int* r32 = shard_read_all(DATA_TMP "/s32.bin", &i32);
+    CHECK(i16.tok_bytes == 2 && same_ids(r16, (size_t)i16.count, ids16, 6), "uint16 shard round trip");
+    CHECK(i32.tok_bytes == 4 && same_ids(r32, (size_t)i32.count, ids32, 6), "uint32 shard round trip");
+    free(r16); free(r32);
+    // llm.c's layout written byte by byte: magic 20240520, version 1, 5 tokens, then uint16 little-endian tokens
+    uint8_t buf[1024 + 10];
+    memset(buf, 0, sizeof buf);
+    const uint8_t head[12] = {0x88, 0xd8, 0x34, 0x01, 0x01, 0, 0, 0, 0x05, 0, 0, 0};
+    const uint8_t toks[10] = {0x50, 0xc4, 0x88, 0x3c, 0xe3, 0x03, 0x00, 0x00, 0xff, 0xff};   // 50256 15496 995 0 65535
+    memcpy(buf, head, sizeof head);
+    memcpy(buf + 1024, toks, sizeof toks);
+    write_bytes(DATA_TMP "/llmc_shard.bin", buf, sizeof buf);
+    ShardInfo li;
+    int* lr = shard_read_all(DATA_TMP "/llmc_shard.bin", &li);
+    int want[5] = {50256, 15496, 995, 0, 65535};
+    CHECK(li.tok_bytes == 2 && same_ids(lr, (size_t)li.count, want, 5), "hand-built llm.c shard misread");
+    free(lr);
+    printf("  shards: uint16 and uint32 write -> read round trip; a hand-built llm.c shard reads as 50256 15496 995 0 65535\n");
+}
+
+typedef struct { const char* pattern; int vocab; int B, T; } LoaderArgs;
+static void child_loader(void* p) {
+    LoaderArgs* a = (LoaderArgs*)p;
+    DataLoader dl;
+    dataloader_init(&dl, a->pattern, a->B, a->T, 0, 1, a->vocab, 0, 1);
+    for (long i = 0; i < dataloader_num_batches(&dl); i++) { dataloader_next(&dl); }
+}
+
+static void test_shard_refusals(void) {
+    int ids[40];
+    for (int i = 0; i < 40; i++) { ids[i] = i * 7; }
+    shard_write(DATA_TMP "/good.bin", 2, ids, 40);
+    size_t n;
+    uint8_t* good = slurp_file(DATA_TMP "/good.bin", &n);
+    struct { const char* what; size_t off; uint8_t val; long len_delta; int vocab; const char* expect; } bad[] = {
+        {"bad magic", 0, 0x77, 0, 1000, "bad magic"},
+        {"bad version", 4, 3, 0, 1000, "version 3"},
+        {"truncated", 0, 0x88, -3, 1000, "truncated"},
+        {"trailing bytes", 0, 0x88, 2, 1000, "trailing bytes"},
+        {"token out of vocabulary", 0, 0x88, 0, 200, "token id 203 at position 29 is outside the model's vocabulary (200"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        uint8_t* copy = (uint8_t*)callocCheck(n + 8, 1);
+        memcpy(copy, good, n);
+        copy[bad[i].off] = bad[i].val;
+        write_bytes(DATA_TMP "/bad_shard.bin", copy, (size_t)((long)n + bad[i].len_delta));
+        LoaderArgs a = {DATA_TMP "/bad_shard.bin", bad[i].vocab, 1, 4};
+        int rc = run_child(child_loader, &a, data_msg, sizeof data_msg);
+        CHECK(rc == EXIT_BADFILE && strstr(data_msg, bad[i].expect) && strstr(data_msg, "bad_shard.bin"),
+              "shard with %s: expected exit 2 and '%s', got rc %d: %s", bad[i].what, bad[i].expect, rc, data_msg);
+        free(copy);
+    }
+    free(good);
+    // a shard shorter than one window (B*T+1 = 41 > 40 tokens), alone: refused, saying so
+    LoaderArgs a = {DATA_TMP "/good.bin", 1000, 5, 8};
+    int rc = run_child(child_loader, &a, data_msg, sizeof data_msg);
+    CHECK(rc == EXIT_BADFILE && strstr(data_msg, "no shard holds one window of B*T+1 = 41 tokens (the largest has 40)"),
+          "shard smaller than a window: rc %d, %s", rc, data_msg);
+    // next to a shard that holds windows, a too-small one is skipped with a warning
+    int few[3] = {1, 2, 3};
+    shard_write(DATA_TMP "/mixed_0.bin", 2, ids, 40);
+    shard_write(DATA_TMP "/mixed_1.bin", 2, few, 3);
+    LoaderArgs mixed = {DATA_TMP "/mixed_*.bin", 1000, 1, 4};
+    rc = run_child(child_loader, &mixed, data_msg, sizeof data_msg);
+    CHECK(rc == 0 && strstr(data_msg, "warning: 1 of 2 shards matching") && strstr(data_msg, "are skipped"),
+          "a too-small shard next to a good one: rc %d, %s", rc, data_msg);
+    LoaderArgs none = {DATA_TMP "/nothing_*.bin", 1000, 1, 4};
+    rc = run_child(child_loader, &none, data_msg, sizeof data_msg);
+    CHECK(rc == EXIT_BADFILE && strstr(data_msg, "no shard files match"), "empty glob: rc %d, %s", rc, data_msg);
+    printf("  shards refused with exit 2 and the file named: bad magic, bad version, truncated, trailing bytes, token "
+           "out of vocabulary (file, position, id), shorter than one window (alone: error; next to others: skipped with a "
+           "warning), no files\n");
+}
+
+// a sparse uint16 shard of 2^32 + 5000 tokens (8.6 GB apparent, a few KB on disk): the count needs header word [3]
+// and the last window lies past byte 2^33, so 32-bit offsets anywhere would break it
+static void test_big_shard(void) {
+    const char* path = DATA_TMP "/big.bin";
+    uint64_t count = (1ull << 32) + 5000;
+    int fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    int32_t h[SHARD_HEADER_INTS];
+    shard_header_make(h, 2, count);
+    int ok = fd >= 0 && ftruncate(fd, (off_t)(SHARD_HEADER_BYTES + count * 2)) == 0 && pwrite(fd, h, sizeof h, 0) == (ssize_t)sizeof h;
+    int B = 4, T = 250, bt = B * T;
+    uint64_t windows = (count - 1) / (uint64_t)bt, last = (windows - 1) * (uint64_t)bt;
+    uint16_t tail[1001];
+    for (int i = 0; i <= bt; i++) { tail[i] = (uint16_t)(1 + (i * 37) % 50000); }
+    ok = ok && pwrite(fd, tail, sizeof tail, (off_t)(SHARD_HEADER_BYTES + last * 2)) == (ssize_t)sizeof tail;
+    if (fd >= 0) { close(fd); }
+    if (!ok) { printf("  SKIP big shard: cannot make a sparse 8.6 GB file in " DATA_TMP "\n"); unlink(path); return; }
+    CHECK(h[2] == 5000 && h[3] == 1, "header of a 2^32 + 5000 token shard: [2] %d [3] %d", h[2], h[3]);
+    DataLoader dl;
+    dataloader_init(&dl, path, B, T, 0, 1, 50257, 0, 7);
+    uint64_t words[DATALOADER_STATE_WORDS];
+    int nw;
+    dataloader_save_state(&dl, words, &nw);
+    words[1] = windows - 1;   // jump to the last window (the position is the number of windows consumed)
+    dataloader_restore_state(&dl, words, nw);
+    dataloader_next(&dl);
+    int good = dl.info[0].count == count && dl.total_windows == windows && dl.last_start == last;
+    for (int i = 0; i < bt; i++) { good &= dl.inputs[i] == tail[i] && dl.targets[i] == tail[i + 1]; }
+    CHECK(good, "the last window of an 8.6 GB shard (token %llu, byte %llu) was misread", (unsigned long long)last,
+          (unsigned long long)(SHARD_HEADER_BYTES + last * 2));
+    dataloader_free(&dl);
+    unlink(path);
+    printf("  big shard: 2^32 + 5000 tokens (count in header words [2] and [3]), the window at byte %llu reads correctly\n",
+           (unsigned long long)(SHARD_HEADER_BYTES + last * 2));
+}
+
+// ---- the data loader on three uint32 shards whose tokens tell where they are: 1000 * (shard + 1) + position
+
+#define DL_SHARDS 3
+static const int dl_counts[DL_SHARDS] = {45, 25, 45};   // with B*T = 8: 5, 3 and 5 windows; 13 in all
+static void make_loader_shards(void) {
+    for (int s = 0; s < DL_SHARDS; s++) {
+        int ids[64];
+        for (int i = 0; i < dl_counts[s]; i++) { ids[i] = 1000 * (s + 1) + i; }   // shard s, position i
+        char path[256];
+        snprintf(path, sizeof path, DATA_TMP "/dl/part_%06d.bin", s);
+        shard_write(path, 4, ids, (size_t)dl_counts[s]);
+    }
+}
+
+// the batch is the window at its recorded place: x = tokens [start, start + B*T), y = x shifted by one
+static int batch_is_window(const DataLoader* dl) {
+    int bt = dl->B * dl->T, first = 1000 * (dl->last_shard + 1) + (int)dl->last_start;
+    if (dl->last_start % (uint64_t)bt != 0) { return 0; }
+    for (int k = 0; k < bt; k++) { if (dl->inputs[k] != first + k || dl->targets[k] != first + k + 1) { return 0; } }
+    return 1;
+}
+
+static void test_loader_ranks(void) {
+    for (int shuffle = 0; shuffle <= 1; shuffle++) {
+        const int world = 3, epochs = 3, W = 13, calls = W * epochs / world;   // 13 calls per rank = 3 epochs
+        int seen[3][13] = {{0}}, ok = 1, order_differs = 0;
+        int first_epoch[13], n_first = 0;
+        for (int r = 0; r < world; r++) {
+            DataLoader dl;
+            dataloader_init(&dl, DATA_TMP "/dl/part_*.bin", 2, 4, r, world, 1 << 20, shuffle, 99);
+            ok &= dl.total_windows == (uint64_t)W;
+            for (int c = 0; c < calls; c++) {
+                dataloader_next(&dl);
+                ok &= batch_is_window(&dl);
+                int w = (dl.last_shard == 0 ? 0 : dl.last_shard == 1 ? 5 : 8) + (int)(dl.last_start / 8);   // window id 0..12
+                uint64_t g = (uint64_t)c * world + r;   // lockstep: call c of rank r is stream window c*world + r
+                ok &= dl.last_epoch == g / W;
+                if (dl.last_epoch < (uint64_t)epochs) { seen[dl.last_epoch][w]++; }
+                if (dl.last_epoch == 0 && r == 0) { first_epoch[n_first++] = w; }
+            }
+            dataloader_free(&dl);
+        }
+        for (int e = 0; e < epochs; e++) { for (int w = 0; w < W; w++) { ok &= seen[e][w] == 1; } }
+        for (int i = 0; i + 1 < n_first; i++) { order_differs |= first_epoch[i] > first_epoch[i + 1]; }
+        CHECK(ok, "3 ranks, %s: not every window exactly once per epoch (or a batch not its window)", shuffle ? "shuffled" : "in order");
+        CHECK(order_differs == shuffle, "shuffle %d: rank 0's epoch-0 windows %s in file order", shuffle, order_differs ? "are not" : "are");
+    }
+    printf("  data loader: 3 ranks over 13 windows in 3 shards, in order and shuffled: every window exactly once per "
+           "epoch (3 epochs), ranks in lockstep, each batch its window (x, y = x shifted)\n");
+}
+
+typedef struct { int x[8], y[8]; uint64_t epoch; int shard; } Batch;
+
+// the next n batches of a loader, with where they came from
+static void record(DataLoader* dl, Batch* b, int n) {
+    for (int i = 0; i < n; i++) {
+        dataloader_next(dl);
+        memcpy(b[i].x, dl->inputs, sizeof b[i].x); memcpy(b[i].y, dl->targets, sizeof b[i].y);
+        b[i].epoch = dl->last_epoch; b[i].shard = dl->last_shard;
+    }
+}
+
+static void test_loader_resume(void) {
+    int checked = 0;
+    for (int shuffle = 0; shuffle <= 1; shuffle++) {
+        for (int world = 1; world <= 3; world += 2) {
+            for (int r = 0; r < world; r++) {
+                enum { N = 40 };
+                Batch ref[N], got[N];
+                memset(ref, 0, sizeof ref); memset(got, 0, sizeof got);   // compared with memcmp, padding included
+                DataLoader a;
+                dataloader_init(&a, DATA_TMP "/dl/part_*.bin", 2, 4, r, world, 1 << 20, shuffle, 5);
+                uint64_t states[N][DATALOADER_STATE_WORDS];
+                for (int i = 0; i < N; i++) {
+                    int nw;
+                    dataloader_save_state(&a, states[i], &nw);
+                    record(&a, &ref[i], 1);
+                }
+                dataloader_free(&a);
+                // resume at a shard boundary and at an epoch boundary (the first of each after batch 2)
+                int at_shard = -1, at_epoch = -1;
+                for (int i = 3; i < N - 6; i++) {
+                    if (at_shard < 0 && ref[i].shard != ref[i - 1].shard && ref[i].epoch == ref[i - 1].epoch) { at_shard = i; }
+                    if (at_epoch < 0 && ref[i].epoch != ref[i - 1].epoch) { at_epoch = i; }
+                }
+                int points[2] = {at_shard, at_epoch};
+                for (int p = 0; p < 2; p++) {
+                    int k = points[p];
+                    CHECK(k > 0, "no %s boundary found in %d batches", p ? "epoch" : "shard", N);
+                    if (k <= 0) { continue; }
+                    DataLoader b;
+                    dataloader_init(&b, DATA_TMP "/dl/part_*.bin", 2, 4, r, world, 1 << 20, shuffle, 5);
+                    dataloader_restore_state(&b, states[k], DATALOADER_STATE_WORDS);
+                    record(&b, got, 6);
+                    CHECK(memcmp(got, &ref[k], 6 * sizeof(Batch)) == 0, "resume at batch %d (%s boundary; shuffle %d, rank %d/%d): "
+                          "the next batches differ", k, p ? "epoch" : "shard", shuffle, r, world);
+                    dataloader_free(&b);
+                    checked++;
+                }
+            }
+        }
+    }
+    printf("  data loader resume: %d restores (in order and shuffled; 1 and 3 ranks, every rank; at a shard and at an "
+           "epoch boundary) give the next 6 batches of the uninterrupted loader\n", checked);
+}
+
+static void child_restore_other_seed(void* p) {
+    (void)p;
+    DataLoader a, b;
+    uint64_t w[DATALOADER_STATE_WORDS];
+    int n;
+    dataloader_init(&a, DATA_TMP "/dl/part_*.bin", 2, 4, 0, 1, 1 << 20, 1, 5);
+    dataloader_next(&a);
+    dataloader_save_state(&a, w, &n);
+    dataloader_init(&b, DATA_TMP "/dl/part_*.bin", 2, 4, 0, 1, 1 << 20, 1, 6);
+    dataloader_restore_state(&b, w, n);
+}
+
+static void test_loader_val(void) {
+    DataLoader v;
+    dataloader_init_val(&v, DATA_TMP "/dl/part_*.bin", 2, 4, 1, 3, 1 << 20, 3);
+    Batch p1[3], p2[3];
+    memset(p1, 0, sizeof p1); memset(p2, 0, sizeof p2);
+    record(&v, p1, 3);
+    dataloader_reset(&v);
+    record(&v, p2, 3);
+    // rank 1 of 3 takes stream windows 1, 4, 7 of the file order: shard 0 windows 1 and 4, shard 1 window 2
+    int ok = dataloader_num_batches(&v) == 3 && memcmp(p1, p2, sizeof p1) == 0 && p1[0].x[0] == 1008 && p1[1].x[0] == 1032 &&
+             p1[2].x[0] == 2016;
+    dataloader_free(&v);
+    CHECK(ok, "validation loader (3 batches, rank 1 of 3): not the first windows in file order, or not repeatable");
+    dataloader_init_val(&v, DATA_TMP "/dl/part_*.bin", 2, 4, 0, 3, 1 << 20, -1);
+    CHECK(dataloader_num_batches(&v) == 4, "whole validation split over 3 ranks: %ld batches, expected floor(13/3) = 4",
+          dataloader_num_batches(&v));
+    dataloader_free(&v);
+    int rc = run_child(child_restore_other_seed, NULL, data_msg, sizeof data_msg);
+    CHECK(rc == EXIT_USAGE && strstr(data_msg, "other settings"), "restore with another seed: rc %d, %s", rc, data_msg);
+    printf("  validation loader: the first N windows in file order, the same after reset; -1 = floor(windows / ranks) "
+           "batches; a position saved with another seed is refused (exit 1)\n");
+}
+
+// ---- the tools as a user runs them
+
+static void test_prepare_shards(Tokenizer* small) {
+    // two files: the first holds three documents and an empty one between separators
+    const char* f1 = "first document\n===\nsecond, with 'quotes'\n===\n\n===\nthird: 3.14 \xf0\x9f\x98\x80";
+    const char* f2 = "the second file is one document";
+    write_bytes(DATA_TMP "/in1.txt", f1, strlen(f1));
+    write_bytes(DATA_TMP "/in2.txt", f2, strlen(f2));
+    const char* docs[] = {"first document", "second, with 'quotes'", "third: 3.14 \xf0\x9f\x98\x80", f2};
+    TokenBuf want = {0};
+    for (int d = 0; d < 4; d++) { tokenizer_encode_doc(small, docs[d], strlen(docs[d]), &want); }
+    int rc = run_cmd("rm -rf " DATA_TMP "/ps && ./dev/data/prepare_shards --tokenizer " DATA_TMP "/small/tokenizer.bin --out "
+                     DATA_TMP "/ps/x --shard-tokens 7 --val-tokens 5 --separator '\\n===\\n' --quiet 1 "
+                     DATA_TMP "/in1.txt " DATA_TMP "/in2.txt", data_msg, sizeof data_msg);
+    CHECK(rc == 0 && strstr(data_msg, "documents 4 "), "prepare_shards failed (rc %d):\n%s", rc, data_msg);
+    // val_000000 holds 5 tokens, then train_000001, train_000002, ... of 7 (the last fewer); together: the stream
+    TokenBuf got = {0};
+    int ok = 1, shards = 0;
+    for (int s = 0;; s++) {
+        char path[256];
+        snprintf(path, sizeof path, DATA_TMP "/ps/x_%s_%06d.bin", s == 0 ? "val" : "train", s);
+        if (!file_exists(path)) { break; }
+        ShardInfo info;
+        int* ids = shard_read_all(path, &info);
+        ok &= info.tok_bytes == 2 && (s == 0 ? info.count == 5 : info.count <= 7);
+        for (uint64_t i = 0; i < info.count; i++) { tokbuf_push(&got, ids[i]); }
+        free(ids);
+        shards++;
+    }
+    CHECK(ok && same_ids(got.ids, got.n, want.ids, want.n), "prepare_shards: shards are not EOT + encode(doc) for each "
+          "document, split 5 val + 7 per train shard (%zu tokens in %d shards, expected %zu)", got.n, shards, want.n);
+    size_t n_shards = 1 + (want.n - 5 + 6) / 7;
+    CHECK((size_t)shards == n_shards, "prepare_shards wrote %d shards, expected %zu", shards, n_shards);
+    // --keep-separator 1: each document keeps the separator that ends it (so none is empty), as llm.c's
+    // tinyshakespeare.py keeps its "\n\n"
+    const char* kept[] = {"first document\n===\n", "second, with 'quotes'\n===\n", "\n===\n", "third: 3.14 \xf0\x9f\x98\x80", f2};
+    TokenBuf want_kept = {0};
+    for (int d = 0; d < 5; d++) { tokenizer_encode_doc(small, kept[d], strlen(kept[d]), &want_kept); }
+    rc = run_cmd("./dev/data/prepare_shards --tokenizer " DATA_TMP "/small/tokenizer.bin --out " DATA_TMP "/ps/k --val-tokens 0 "
+                 "--separator '\\n===\\n' --keep-separator 1 --quiet 1 " DATA_TMP "/in1.txt " DATA_TMP "/in2.txt",
+                 data_msg, sizeof data_msg);
+    ShardInfo ki;
+    int* k = rc == 0 ? shard_read_all(DATA_TMP "/ps/k_train_000000.bin", &ki) : NULL;
+    CHECK(k && same_ids(k, (size_t)ki.count, want_kept.ids, want_kept.n), "prepare_shards --keep-separator 1 (rc %d):\n%s", rc, data_msg);
+    free(k);
+    tokbuf_free(&want_kept);
+    // uint32 on request: the same tokens
+    rc = run_cmd("./dev/data/prepare_shards --tokenizer " DATA_TMP "/small/tokenizer.bin --out " DATA_TMP "/ps/w "
+                 "--dtype uint32 --val-tokens 0 --quiet 1 " DATA_TMP "/in2.txt", data_msg, sizeof data_msg);
+    ShardInfo wi;
+    int* w = rc == 0 ? shard_read_all(DATA_TMP "/ps/w_train_000000.bin", &wi) : NULL;
+    TokenBuf one = {0};
+    tokenizer_encode_doc(small, f2, strlen(f2), &one);
+    CHECK(w && wi.tok_bytes == 4 && same_ids(w, (size_t)wi.count, one.ids, one.n), "prepare_shards --dtype uint32 (rc %d):\n%s", rc, data_msg);
+    free(w);
+    // inspect_shard: the header and id range, and exit 2 when ids exceed --vocab
+    rc = run_cmd("./dev/data/inspect_shard --tokenizer " DATA_TMP "/small/tokenizer.bin " DATA_TMP "/ps/x_val_000000.bin",
+                 data_msg, sizeof data_msg);
+    CHECK(rc == 0 && strstr(data_msg, "uint16 tokens (magic 20240520, version 1)") && strstr(data_msg, "tokens    5 "),
+          "inspect_shard (rc %d):\n%s", rc, data_msg);
+    rc = run_cmd("./dev/data/inspect_shard --vocab 10 " DATA_TMP "/ps/x_val_000000.bin", data_msg, sizeof data_msg);
+    CHECK(rc == EXIT_BADFILE && strstr(data_msg, ">= --vocab 10"), "inspect_shard --vocab 10: rc %d:\n%s", rc, data_msg);
+    printf("  prepare_shards: 2 files, a separator, an empty document dropped -> EOT + encode(doc) per document, 5 val "
+           "tokens + train shards of 7 (%d shards); --keep-separator; --dtype uint32; inspect_shard reads them and flags "
+           "ids >= --vocab\n", shards);
+    tokbuf_free(&want); tokbuf_free(&got); tokbuf_free(&one);
+}
+
+// tinyshakespeare through prepare_shards against the independent encoder (fixture counts and CRC-32s of the whole
+// token stream, val then train): as one document, the stream is [EOT] + the ids of the text; with llm.c's
+// tinyshakespeare.py settings (a document per blank-line section, "\n\n" kept) it is llm.c's stream, which its
+// docstring splits as 32,768 + 305,260
+typedef struct { uint64_t nval, ntrain; int first; uint32_t crc_all, crc_rest; int rc; } TinyRun;
+
+static TinyRun prepare_tiny(const char* extra, const char* tag) {
+    TinyRun r = {0, 0, -1, 0, 0, 0};
+    char cmd[4096], path[512];
+    snprintf(cmd, sizeof cmd, "./dev/data/prepare_shards --tokenizer %s/data/gpt2 --out " DATA_TMP "/tiny/%s --val-tokens 32768 "
+             "--quiet 1 %s %s/data/tinyshakespeare.txt", shared_dir(), tag, extra, shared_dir());
+    r.rc = run_cmd(cmd, data_msg, sizeof data_msg);
+    for (int s = 0; s < 2 && r.rc == 0; s++) {
+        snprintf(path, sizeof path, DATA_TMP "/tiny/%s_%s_%06d.bin", tag, s ? "train" : "val", s);
+        ShardInfo info;
+        int* ids = shard_read_all(path, &info);
+        for (uint64_t i = 0; i < info.count; i++) {
+            uint16_t x = (uint16_t)ids[i];
+            r.crc_all = crc32_update(r.crc_all, &x, 2);
+            if (s == 0 && i == 0) { r.first = ids[0]; } else { r.crc_rest = crc32_update(r.crc_rest, &x, 2); }
+        }
+        *(s ? &r.ntrain : &r.nval) = info.count;
+        free(ids);
+    }
+    return r;
+}
+
+static void test_prepare_tinyshakespeare(void) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/data/tinyshakespeare.txt", shared_dir());
+    if (!file_exists(path)) { printf("  SKIP prepare_shards on tinyshakespeare: %s not found\n", path); return; }
+    FILE* f = fopenCheck("dev/data/fixtures/tinyshakespeare.txt", "r");
+    char line[256];
+    unsigned long long want_n = 0, llmc_n = 0;
+    unsigned want_crc = 0, llmc_crc = 0;
+    while (fgets(line, sizeof line, f)) {
+        sscanf(line, "tokens %llu", &want_n); sscanf(line, "crc32 %x", &want_crc);
+        sscanf(line, "llmc_tokens %llu", &llmc_n); sscanf(line, "llmc_crc32 %x", &llmc_crc);
+    }
+    fclose(f);
+    TinyRun a = prepare_tiny("", "one");
+    CHECK(a.rc == 0 && a.first == 50256 && a.nval == 32768 && a.nval + a.ntrain == want_n + 1 && a.crc_rest == want_crc,
+          "prepare_shards on tinyshakespeare (rc %d): first token %d, val %llu + train %llu, crc after the EOT %08x; expected "
+          "50256, 32768 + %llu, crc %08x\n%s", a.rc, a.first, (unsigned long long)a.nval, (unsigned long long)a.ntrain,
+          a.crc_rest, want_n + 1 - 32768, want_crc, data_msg);
+    // llm.c's stream: the fixture's CRC covers all of it
+    TinyRun b = prepare_tiny("--separator '\\n\\n' --keep-separator 1", "llmc");
+    CHECK(b.rc == 0 && b.nval == 32768 && b.ntrain == 305260 && b.nval + b.ntrain == llmc_n && b.crc_all == llmc_crc,
+          "prepare_shards with llm.c's tinyshakespeare settings (rc %d): val %llu + train %llu tokens, crc %08x; llm.c gives "
+          "32768 + 305260, js-tiktoken crc %08x\n%s", b.rc, (unsigned long long)b.nval, (unsigned long long)b.ntrain, b.crc_all,
+          llmc_crc, data_msg);
+    printf("  prepare_shards on tinyshakespeare: [EOT] + js-tiktoken's ids (32,768 val + %llu train); with --separator "
+           "'\\n\\n' --keep-separator 1, llm.c's tinyshakespeare.py stream: 32,768 + 305,260 tokens, CRC-32 %08x as js-tiktoken\n",
+           (unsigned long long)a.ntrain, b.crc_all);
+}
+
+static void test_tool_cli(void) {
+    const char* tools[] = {"prepare_shards", "inspect_shard", "train_bpe", "bench_tokenizer"};
+    const char* badfile[] = {"--tokenizer /nonexistent --out " DATA_TMP "/o x", "/nonexistent.bin",
+                             "--out-dir " DATA_TMP "/o /nonexistent.txt", "--tokenizer /nonexistent"};
+    int ok = 1;
+    for (int i = 0; i < 4; i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "./dev/data/%s --help", tools[i]);
+        int rc = run_cmd(cmd, data_msg, sizeof data_msg);
+        CHECK(rc == 0 && strstr(data_msg, "usage:"), "%s --help: rc %d", tools[i], rc);
+        ok &= rc == 0;
+        snprintf(cmd, sizeof cmd, "./dev/data/%s --bogus 1", tools[i]);
+        rc = run_cmd(cmd, data_msg, sizeof data_msg);
+        const char* nl = strchr(data_msg, '\n');
+        CHECK(rc == EXIT_USAGE && strstr(data_msg, "unknown flag '--bogus'") && nl && nl[1] == 0,
+              "%s --bogus 1: expected one line and exit 1, got rc %d: %s", tools[i], rc, data_msg);
+        ok &= rc == EXIT_USAGE;
+        snprintf(cmd, sizeof cmd, "./dev/data/%s %s", tools[i], badfile[i]);
+        rc = run_cmd(cmd, data_msg, sizeof data_msg);
+        CHECK(rc == EXIT_BADFILE && strncmp(data_msg, "error: ", 7) == 0, "%s with a missing file: expected exit 2, got rc %d: %s",
+              tools[i], rc, data_msg);
+        ok &= rc == EXIT_BADFILE;
+    }
+    printf("  tools: --help (exit 0), an unknown flag (one line, exit 1) and a missing file (exit 2) for all 4 tools%s\n", ok ? "" : ": FAIL");
+}
+
+static void run_data_tests(void) {
+    printf("data path (tokenizer, shards, loader):\n");
+    const char* tools[] = {"./dev/data/train_bpe", "./dev/data/prepare_shards", "./dev/data/inspect_shard", "./dev/data/bench_tokenizer"};
+    for (int i = 0; i < 4; i++) {
+        if (!file_exists(tools[i])) {
+            n_fail++;
+            printf("FAIL: %s not found: the data path tests need the dev/data tools (run 'make test')\n", tools[i]);
+            return;
+        }
+    }
+    CHECK(system("rm -rf " DATA_TMP " && mkdir -p " DATA_TMP "/dl") == 0, "cannot make " DATA_TMP);
+    test_pretokenizer_hand();
+    Tokenizer gpt2;
+    int have_gpt2 = load_gpt2(&gpt2, "GPT-2 ids, file formats, tinyshakespeare and GPT-2 round trip");
+    if (have_gpt2) {
+        test_gpt2_fixtures(&gpt2);
+        test_gpt2_formats(&gpt2);
+        test_tinyshakespeare(&gpt2);
+        test_roundtrip_random(&gpt2, "GPT-2");
+    }
+    test_bpe_training();
+    Tokenizer small;
+    train_small_tokenizer(&small);
+    test_roundtrip_random(&small, "trained 700-token vocabulary");
+    test_tokenizer_files(&small);
+    test_shard_roundtrip();
+    test_shard_refusals();
+    test_big_shard();
+    make_loader_shards();
+    test_loader_ranks();
+    test_loader_resume();
+    test_loader_val();
+    test_prepare_shards(&small);
+    if (have_gpt2) { test_prepare_tinyshakespeare(); } else { printf("  SKIP prepare_shards on tinyshakespeare: no GPT-2 tokenizer\n"); }
+    test_tool_cli();
+    tokenizer_free(&small);
+    if (have_gpt2) { tokenizer_free(&gpt2); }
+}
+// ==================================================================================================== end of data path tests
+
+// the CPU/GPU comparison tool: the two mixer forms agree (pass), a 1% change in one gradient element fails
+static void test_compare_tool(void) {
+    const char* a = "/tmp/pdn_test_dbg_a.bin";
+    const char* b = "/tmp/pdn_test_dbg_b.bin";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "./train_pdn --preset pkda-tiny -b 2 -t 70 --mqar-pairs 8 --debug-state %s && "
+             "./train_pdn --preset pkda-tiny -b 2 -t 70 --mqar-pairs 8 --mixer token --debug-state %s", a, b);
+    CHECK(run_cmd(cmd, outbuf, sizeof outbuf) == 0, "debug-state runs failed:\n%s", outbuf);
+    snprintf(cmd, sizeof cmd, "./test_pdn --compare %s %s", a, b);
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 0 && strstr(outbuf, "PASS"), "chunk vs token debug states should compare equal (rc %d):\n%s", rc, outbuf);
+    DebugState d;
+    debug_state_read(b, &d);
+    d.grads[d.lay.t[T_WQ].offset + 5] *= 1.01f; // the largest relative change the fp32 tolerance must catch is 1e-4
+    float mx = 0;
+    for (size_t i = 0; i < d.lay.t[T_WQ].numel; i++) { mx = fmaxf(mx, fabsf(d.grads[d.lay.t[T_WQ].offset + i])); }
+    d.grads[d.lay.t[T_WQ].offset + 5] += 1e-3f * mx;
+    debug_state_write(b, &d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 1 && strstr(outbuf, "dw_q") && strstr(outbuf, "FAIL"), "a perturbed dw_q was not caught (rc %d):\n%s", rc, outbuf);
+    printf("  test_pdn --compare: chunk vs token debug states pass; one dw_q element moved by 1e-3 of the tensor's scale fails\n");
+}
+
 static void run_float_tests(void) {
     printf("chunkwise vs per-token mixer (fp32):\n");
     test_chunk_vs_token_fp32();
@@ -727,12 +1618,32 @@ static void run_float_tests(void) {
     test_checkpoints_and_resume();
     printf("command line:\n");
     test_cli_errors();
+    test_compare_tool();
     printf("learning:\n");
     test_mqar_learns();
+    run_data_tests();
 }
 #endif
 
-int main(void) {
+// test_pdn --compare REF GOT: compare two --debug-state files (the CPU reference and a GPU run). The tolerance
+// follows GOT's precision: fp32 must agree to 1e-4 of each tensor's scale (max |got - ref| / max |ref|: summation
+// order alone gives ~1e-6); bf16 to 5e-2 relative L2 error (README: bf16 keeps 8 significant bits, relative rounding
+// 2^-9 per stored value, and a gradient passes through ~20-30 roundings per layer).
+static int compare_main(int argc, char** argv) {
+    if (argc != 4) { fprintf(stderr, "usage: test_pdn --compare REF.bin GOT.bin\n"); return EXIT_USAGE; }
+    DebugState ref, got;
+    debug_state_read(argv[2], &ref);
+    debug_state_read(argv[3], &got);
+    int bf16 = strstr(got.precision, "bf16") != NULL || strstr(ref.precision, "bf16") != NULL;
+    printf("comparing %s (%s) against %s (%s): %s tolerance\n", argv[3], got.precision, argv[2], ref.precision,
+           bf16 ? "bf16" : "fp32");
+    int fails = debug_state_compare(&ref, &got, bf16 ? -1.0 : 1e-4, bf16 ? 5e-2 : -1.0);
+    return fails ? 1 : 0;
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && strcmp(argv[1], "--compare") == 0) { return compare_main(argc, argv); }
+    if (argc > 1) { fprintf(stderr, "usage: test_pdn [--compare REF.bin GOT.bin]\n"); return EXIT_USAGE; }
     rng_seed(&trng, 20261130);
     double t0 = wall_seconds();
 #ifdef PDN_DOUBLE

@@ -273,7 +273,8 @@ typedef struct {
 } TrainState;
 
 static void state_write(const char* path, const TrainState* s, const void* m, const void* v, size_t num_elems, const char* dtype) {
-    TextBuf tb = {0};
+    TextBuf tb;
+    memset(&tb, 0, sizeof tb);
     tb_printf(&tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nstep %ld\nmodel_crc %08x\n"
               "batch %d\nseq_len %d\ngrad_accum %d\nnproc %d\ndata_state %d", PDN_STATE_MAGIC, PDN_CKPT_VERSION, dtype,
               num_elems, s->step, s->model_crc, s->B, s->T, s->grad_accum, s->nproc, s->n_data);
@@ -344,6 +345,121 @@ static long find_latest_checkpoint(const char* dir) {
 }
 
 // ----------------------------------------------------------------------------------------------------
+// the debug-state file (--debug-state FILE): one micro-batch's inputs, logits, loss and every parameter gradient,
+// for a given checkpoint and batch, from either trainer; `test_pdn --compare A B` compares two of them.
+//
+//   PDNDEBUG / version 1 / header_bytes / batch B / seq_len T / vocab_size / num_elems / loss (%.17g) /
+//   precision (what produced it) / the config lines of the checkpoint format / crc32 / end
+//   then int32 x[B*T], int32 y[B*T], f32 logits[B*T*vocab], f32 grads[num_elems] (the flat layout of pdn.h)
+
+#define PDN_DEBUG_MAGIC "PDNDEBUG"
+
+typedef struct {
+    PdnConfig cfg;
+    PdnLayout lay;
+    int B, T;
+    double loss;
+    char precision[32];
+    int *x, *y;
+    float *logits, *grads;
+} DebugState;
+
+static void debug_state_write(const char* path, const DebugState* d) {
+    TextBuf tb;
+    memset(&tb, 0, sizeof tb);
+    tb_printf(&tb, "%s\nversion %d\nheader_bytes 0000000000\nbatch %d\nseq_len %d\nvocab_size %d\nnum_elems %zu\n"
+              "loss %.17g\nprecision %s\n", PDN_DEBUG_MAGIC, PDN_CKPT_VERSION, d->B, d->T, d->cfg.vocab_size,
+              d->lay.num_elems, d->loss, d->precision);
+    pdn_config_to_header(&d->cfg, &tb);
+    size_t N = (size_t)d->B * d->T;
+    const void* bufs[4] = {d->x, d->y, d->logits, d->grads};
+    size_t nb[4] = {N * 4, N * 4, N * d->cfg.vocab_size * 4, d->lay.num_elems * 4};
+    write_headed_file(path, &tb, bufs, nb, 4);
+    free(tb.s);
+}
+
+__attribute__((unused)) static void debug_state_read(const char* path, DebugState* d) {
+    FILE* f = fopenCheck(path, "rb");
+    Header h;
+    header_read(f, path, PDN_DEBUG_MAGIC, &h);
+    memset(d, 0, sizeof(*d));
+    pdn_config_from_header(&d->cfg, &h, path);
+    pdn_build_layout(&d->cfg, &d->lay);
+    d->B = (int)header_get_ll(&h, "batch", path);
+    d->T = (int)header_get_ll(&h, "seq_len", path);
+    if ((size_t)header_get_ll(&h, "num_elems", path) != d->lay.num_elems) { fail(EXIT_BADFILE, "%s: num_elems does not match its config", path); }
+    char v[64];
+    if (!header_get(&h, "loss", v, sizeof v)) { fail(EXIT_BADFILE, "%s: no loss line", path); }
+    d->loss = strtod(v, NULL);
+    if (!header_get(&h, "precision", d->precision, sizeof d->precision)) { fail(EXIT_BADFILE, "%s: no precision line", path); }
+    size_t N = (size_t)d->B * d->T;
+    d->x = (int*)mallocCheck(N * 4);
+    d->y = (int*)mallocCheck(N * 4);
+    d->logits = (float*)mallocCheck(N * d->cfg.vocab_size * 4);
+    d->grads = (float*)mallocCheck(d->lay.num_elems * 4);
+    void* dsts[4] = {d->x, d->y, d->logits, d->grads};
+    size_t nb[4] = {N * 4, N * 4, N * d->cfg.vocab_size * 4, d->lay.num_elems * 4};
+    headed_read_data(f, path, &h, dsts, nb, 4);
+    fclose(f);
+    free(h.text);
+}
+
+// Compare a debug state `got` against a reference `ref` (same config, batch and tokens). For the loss, the
+// logits and every parameter tensor, prints the max error relative to the tensor's largest reference value
+// (max |got - ref| / max |ref|) and the L2 error ||got - ref|| / ||ref||, each checked against a tolerance:
+// max_tol applies to the max-relative error (the fp32 criterion), l2_tol to the L2 error (the bf16 criterion;
+// < 0 disables a check). Returns the number of failing entries.
+__attribute__((unused)) static int debug_state_compare(const DebugState* ref, const DebugState* got, double max_tol, double l2_tol) {
+    if (memcmp(&ref->cfg, &got->cfg, sizeof(PdnConfig)) != 0 || ref->B != got->B || ref->T != got->T) {
+        printf("FAIL: the two files describe different models or batches\n");
+        return 1;
+    }
+    size_t N = (size_t)ref->B * ref->T;
+    if (memcmp(ref->x, got->x, N * 4) != 0 || memcmp(ref->y, got->y, N * 4) != 0) {
+        printf("FAIL: the two files were made from different batches\n");
+        return 1;
+    }
+    int fails = 0;
+    printf("%-16s %12s %12s %12s  %s\n", "tensor", "max|ref|", "max rel err", "L2 rel err", "verdict");
+    // entry -1: loss, 0: logits, then every tensor
+    for (int e = -1; e <= NUM_TENSORS; e++) {
+        const float *a, *b;
+        size_t n;
+        char name[32];
+        float la = (float)got->loss, lb = (float)ref->loss;
+        if (e == -1) { a = &la; b = &lb; n = 1; snprintf(name, sizeof name, "loss"); }
+        else if (e == 0) { a = got->logits; b = ref->logits; n = N * ref->cfg.vocab_size; snprintf(name, sizeof name, "logits"); }
+        else {
+            const PdnTensor* t = &ref->lay.t[e - 1];
+            if (!t->numel) { continue; }
+            a = got->grads + t->offset; b = ref->grads + t->offset; n = t->numel;
+            snprintf(name, sizeof name, "d%s", t->name);
+        }
+        double md = 0, mb = 0, sd = 0, sb = 0;
+        int bad = 0;
+        for (size_t i = 0; i < n; i++) {
+            double d = fabs((double)a[i] - (double)b[i]);
+            if (!isfinite(a[i])) { bad = 1; }
+            md = d > md ? d : md;
+            mb = fabs(b[i]) > mb ? fabs(b[i]) : mb;
+            sd += d * d;
+            sb += (double)b[i] * b[i];
+        }
+        double mrel = mb > 0 ? md / mb : md, l2 = sb > 0 ? sqrt(sd / sb) : sqrt(sd);
+        // per-head decay/scale vectors (A_log, dt_bias, log_atk_scale) sum B*T*H cancelling terms: twice the L2 budget
+        int gate_vec = e > 0 && (ref->lay.t[e - 1].init == INIT_ALOG || ref->lay.t[e - 1].init == INIT_DTBIAS ||
+                                 ref->lay.t[e - 1].init == INIT_LOGATK);
+        double l2t = l2_tol < 0 ? l2_tol : (gate_vec ? 2 * l2_tol : l2_tol);
+        int ok = !bad && (max_tol < 0 || mrel <= max_tol) && (l2t < 0 || l2 <= l2t);
+        fails += !ok;
+        printf("%-16s %12.4e %12.3e %12.3e  %s\n", name, mb, mrel, l2, ok ? "ok" : "FAIL");
+    }
+    printf("%s: %d of the compared entries out of tolerance (max rel <= %g, L2 rel <= %g; 2x for gate vectors)\n",
+           fails ? "FAIL" : "PASS", fails, max_tol, l2_tol);
+    return fails;
+}
+
+// ----------------------------------------------------------------------------------------------------
 // log file: <out_dir>/main.log, one line per event, appended (a resumed run continues the same file)
 
 typedef struct { char path[1100]; int active; } Logger;
@@ -372,6 +488,130 @@ static void format_eta(double seconds, char* out, size_t n) {
     long s = (long)(seconds + 0.5);
     if (s >= 3600) { snprintf(out, n, "%ldh%02ldm", s / 3600, (s / 60) % 60); }
     else { snprintf(out, n, "%ldm%02lds", s / 60, s % 60); }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// pieces of main() that both trainers share
+
+// Sample from logits (Vv): temperature 0 = greedy; top_k > 0 keeps the k largest logits.
+static int sample_logits(const float* logits, int Vv, float temperature, int top_k, Rng* rng) {
+    int best = 0;
+    for (int i = 1; i < Vv; i++) { if (logits[i] > logits[best]) { best = i; } }
+    if (temperature <= 0) { return best; }
+    double* w = (double*)mallocCheck(Vv * sizeof(double));
+    double thresh = -INFINITY;
+    if (top_k > 0 && top_k < Vv) {
+        // the k-th largest logit by repeated selection of the max below the previous one (k is small)
+        for (int i = 0; i < Vv; i++) { w[i] = logits[i]; }
+        for (int r = 0; r < top_k; r++) {
+            int bi = -1;
+            for (int i = 0; i < Vv; i++) { if (w[i] != -INFINITY && (bi < 0 || w[i] > w[bi])) { bi = i; } }
+            thresh = w[bi];
+            w[bi] = -INFINITY;
+        }
+    }
+    double sum = 0.0, mx = logits[best];
+    for (int i = 0; i < Vv; i++) {
+        w[i] = logits[i] >= thresh ? exp((logits[i] - mx) / temperature) : 0.0;
+        sum += w[i];
+    }
+    double u = rng_uniform(rng) * sum, acc = 0.0;
+    int pick = best;
+    for (int i = 0; i < Vv; i++) {
+        if (w[i] == 0) { continue; }
+        acc += w[i];
+        pick = i;
+        if (u < acc) { break; }
+    }
+    free(w);
+    return pick;
+}
+
+// parse "1 2 3" or "1,2,3" into token ids
+static int parse_prompt(const char* s, int* out, int max) {
+    int n = 0;
+    while (*s) {
+        while (*s == ' ' || *s == ',') { s++; }
+        if (!*s) { break; }
+        char* end;
+        long v = strtol(s, &end, 10);
+        if (end == s) { fail(EXIT_USAGE, "--prompt must be token ids separated by spaces or commas, got '%s'", s); }
+        if (n >= max) { fail(EXIT_USAGE, "--prompt has more than %d tokens", max); }
+        out[n++] = (int)v;
+        s = end;
+    }
+    return n;
+}
+
+// Where the model comes from: -y 1 with a checkpoint in -o (then *resume_state names its state file), or -e FILE,
+// or nothing (init from flags). Loaded parameters go to *loaded (caller frees); returns 1 if a file was read.
+static int load_model_source(const TrainConfig* tc, PdnConfig* mc, real** loaded, uint32_t* crc, char* resume_state, size_t n) {
+    PdnLayout lay;
+    resume_state[0] = 0;
+    *loaded = NULL;
+    if (tc->resume) {
+        ensure_dir(tc->out_dir);
+        long latest = find_latest_checkpoint(tc->out_dir);
+        if (latest < 0) { printf("no checkpoint in %s: starting from scratch\n", tc->out_dir); return 0; }
+        char mp[1100];
+        ckpt_paths(tc->out_dir, latest, mp, resume_state, n);
+        pdn_checkpoint_read(mp, mc, &lay, loaded, crc);
+        printf("resuming from %s\n", mp);
+        return 1;
+    }
+    if (tc->init_ckpt[0]) { pdn_checkpoint_read(tc->init_ckpt, mc, &lay, loaded, crc); return 1; }
+    return 0;
+}
+
+// --count-params: one line per tensor, the total as the last line
+static void print_param_table(const PdnConfig* mc) {
+    PdnLayout lay;
+    pdn_build_layout(mc, &lay);
+    char shape[64];
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        if (!lay.t[i].numel) { continue; }
+        tensor_shape_str(&lay.t[i], shape, sizeof shape);
+        printf("%-14s %-16s %12zu%s\n", lay.t[i].name, shape, lay.t[i].numel, lay.t[i].wd ? "  wd" : "");
+    }
+    printf("%zu\n", lay.num_params);
+}
+
+// Read the state file of a resume and check it belongs to the loaded checkpoint and to these batch settings.
+static void resume_state_read(const char* path, const TrainConfig* tc, int nproc, uint32_t model_crc, TrainState* st,
+                              void* m, void* v, size_t num_elems, const char* dtype) {
+    state_read(path, st, m, v, num_elems, dtype);
+    if (st->model_crc != model_crc) {
+        fail(EXIT_BADFILE, "%s belongs to a different checkpoint (model crc %08x, found %08x)", path, st->model_crc, model_crc);
+    }
+    if (st->B != tc->B || st->T != tc->T || st->grad_accum != tc->grad_accum || st->nproc != nproc) {
+        fail(EXIT_USAGE, "resume needs the same batch settings: the checkpoint used -b %d -t %d with %d accumulation "
+             "steps on %d process(es); now -b %d -t %d, %d steps on %d", st->B, st->T, st->grad_accum, st->nproc, tc->B,
+             tc->T, tc->grad_accum, nproc);
+    }
+}
+
+// the training task must fit the model; warn about configurations outside the paper's stability argument
+static void check_task(const MqarConfig* mq, const PdnConfig* mc) {
+    const char* merr = mqar_check(mq);
+    if (merr) { fail(EXIT_USAGE, "%s", merr); }
+    if (mq->vocab > mc->vocab_size) {
+        fail(EXIT_USAGE, "MQAR vocabulary %d is larger than the model's vocabulary %d (set --vocab or --mqar-vocab)", mq->vocab, mc->vocab_size);
+    }
+    if (pdn_eigen_bound_broken(mc)) {
+        printf("warning: allow_neg_eigval (beta up to 2) with squash x = %g breaks beta*x <= 2, the eigenvalue bound of "
+               "the paper (App. E.3); training may be unstable\n", mc->squash_x);
+    }
+}
+
+// the per-step line and its log-file twin. mfu < 0: unknown peak, not printed
+static void print_step(Logger* lg, const TrainConfig* tc, long step, double loss, double norm, float lr, double dt,
+                       double per_step, double mfu) {
+    char eta[32], mf[32] = "";
+    format_eta(per_step * (tc->steps - step - 1), eta, sizeof eta);
+    if (mfu >= 0) { snprintf(mf, sizeof mf, " | %5.1f%% MFU", 100 * mfu); }
+    printf("step %5ld/%d | loss %.6f | norm %8.4f | lr %.2e | %7.1f ms | %8.0f tok/s%s | eta %s\n", step + 1, tc->steps,
+           loss, norm, lr, dt * 1e3, tc->total_batch / dt, mf, eta);
+    logger_printf(lg, "s:%ld trl:%.9g norm:%.9g lr:%.6e ms:%.1f\n", step + 1, loss, norm, lr, dt * 1e3);
 }
 
 #endif // PDN_TRAIN_COMMON_H

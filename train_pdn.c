@@ -1441,40 +1441,6 @@ static RecState recstate_alloc(const PdnConfig* c, int B, real ridge) {
 
 static void recstate_free(RecState* r) { free(r->hq); free(r->hk); free(r->hv); free(r->S); free(r->a); free(r->P); }
 
-// Sample from logits (Vv): temperature 0 = greedy; top_k > 0 keeps the k largest logits.
-static int sample_logits(const real* logits, int Vv, float temperature, int top_k, Rng* rng) {
-    int best = 0;
-    for (int i = 1; i < Vv; i++) { if (logits[i] > logits[best]) { best = i; } }
-    if (temperature <= 0) { return best; }
-    double* w = (double*)mallocCheck(Vv * sizeof(double));
-    double thresh = -INFINITY;
-    if (top_k > 0 && top_k < Vv) {
-        // the k-th largest logit by repeated selection of the max below the previous one (k is small)
-        for (int i = 0; i < Vv; i++) { w[i] = logits[i]; }
-        for (int r = 0; r < top_k; r++) {
-            int bi = -1;
-            for (int i = 0; i < Vv; i++) { if (w[i] != -INFINITY && (bi < 0 || w[i] > w[bi])) { bi = i; } }
-            thresh = w[bi];
-            w[bi] = -INFINITY;
-        }
-    }
-    double sum = 0.0, mx = logits[best];
-    for (int i = 0; i < Vv; i++) {
-        w[i] = logits[i] >= thresh ? exp((logits[i] - mx) / temperature) : 0.0;
-        sum += w[i];
-    }
-    double u = rng_uniform(rng) * sum, acc = 0.0;
-    int pick = best;
-    for (int i = 0; i < Vv; i++) {
-        if (w[i] == 0) { continue; }
-        acc += w[i];
-        pick = i;
-        if (u < acc) { break; }
-    }
-    free(w);
-    return pick;
-}
-
 // Feed the prompt (P >= 1 tokens) in one chunked pass, then generate n tokens one at a time into out.
 static void generate(const Model* m, const int* prompt, int P, int n, float temperature, int top_k, uint64_t seed, int* out) {
     RecState rs = recstate_alloc(&m->cfg, 1, m->cfg.ridge);
@@ -1483,13 +1449,16 @@ static void generate(const Model* m, const int* prompt, int P, int n, float temp
     rng_seed(&rng, seed);
     pdn_forward(m, &ap, prompt, &rs);
     const real* logits = ap.logits + (size_t)(P - 1) * m->cfg.vocab_size;
+    float* row = (float*)mallocCheck(m->cfg.vocab_size * sizeof(float));
     for (int i = 0; i < n; i++) {
-        out[i] = sample_logits(logits, m->cfg.vocab_size, temperature, top_k, &rng);
+        for (int v = 0; v < m->cfg.vocab_size; v++) { row[v] = (float)logits[v]; }
+        out[i] = sample_logits(row, m->cfg.vocab_size, temperature, top_k, &rng);
         if (i + 1 < n) {
             pdn_forward(m, &a1, &out[i], &rs);
             logits = a1.logits;
         }
     }
+    free(row);
     acts_free(&ap);
     acts_free(&a1);
     recstate_free(&rs);
@@ -1544,20 +1513,29 @@ static void save_checkpoint(const Model* m, const TrainConfig* tc, long step, co
     printf("saved checkpoint %s (+ %s)\n", mp, sp);
 }
 
-// parse "1 2 3" or "1,2,3" into token ids
-static int parse_prompt(const char* s, int* out, int max) {
-    int n = 0;
-    while (*s) {
-        while (*s == ' ' || *s == ',') { s++; }
-        if (!*s) { break; }
-        char* end;
-        long v = strtol(s, &end, 10);
-        if (end == s) { fail(EXIT_USAGE, "--prompt must be token ids separated by spaces or commas, got '%s'", s); }
-        if (n >= max) { fail(EXIT_USAGE, "--prompt has more than %d tokens", max); }
-        out[n++] = (int)v;
-        s = end;
-    }
-    return n;
+// --debug-state: forward, loss and backward of one micro-batch, written with the logits (before the softmax)
+static void write_debug_state(Model* m, Acts* a, const int* x, const int* y, const char* path) {
+    size_t N = (size_t)a->B * a->T, Vv = m->cfg.vocab_size;
+    DebugState d;
+    memset(&d, 0, sizeof d);
+    d.cfg = m->cfg; d.lay = m->lay; d.B = a->B; d.T = a->T;
+    snprintf(d.precision, sizeof d.precision, "cpu-%s", REAL_DTYPE);
+    d.x = (int*)x; d.y = (int*)y;
+    d.logits = (float*)mallocCheck(N * Vv * sizeof(float));
+    d.grads = (float*)mallocCheck(m->lay.num_elems * sizeof(float));
+    memset(m->grads, 0, m->lay.num_elems * sizeof(real));
+    pdn_forward(m, a, x, NULL);
+    for (size_t i = 0; i < N * Vv; i++) { d.logits[i] = (float)a->logits[i]; }
+    long count;
+    double sum = crossentropy_forward(a->logits, a->losses, y, N, (int)Vv, &count);
+    crossentropy_backward(a->logits, y, N, (int)Vv, count ? R(1.0 / (double)count) : R(0));
+    pdn_backward(m, a, x);
+    d.loss = count ? sum / count : 0.0;
+    for (size_t i = 0; i < m->lay.num_elems; i++) { d.grads[i] = (float)m->grads[i]; }
+    debug_state_write(path, &d);
+    printf("wrote %s: B %d, T %d, loss %.9f, %zu gradient elements\n", path, a->B, a->T, d.loss, m->lay.num_elems);
+    free(d.logits);
+    free(d.grads);
 }
 
 #ifndef TESTING
@@ -1581,36 +1559,12 @@ int main(int argc, char** argv) {
     long start_step = 0;
     real* loaded = NULL;
     uint32_t loaded_crc = 0;
-    char resume_state[1100] = {0};
-    if (tc.resume) {
-        ensure_dir(tc.out_dir);
-        long latest = find_latest_checkpoint(tc.out_dir);
-        if (latest >= 0) {
-            char mp[1100];
-            ckpt_paths(tc.out_dir, latest, mp, resume_state, sizeof mp);
-            pdn_checkpoint_read(mp, &mc, &(PdnLayout){0}, &loaded, &loaded_crc);
-            printf("resuming from %s\n", mp);
-        } else {
-            printf("no checkpoint in %s: starting from scratch\n", tc.out_dir);
-        }
-    } else if (tc.init_ckpt[0]) {
-        pdn_checkpoint_read(tc.init_ckpt, &mc, &(PdnLayout){0}, &loaded, NULL);
-    }
+    char resume_state[1100];
+    load_model_source(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state);
     if (mc.vocab_size == 0) { mc.vocab_size = tc.mqar_vocab; }
     const char* err = pdn_config_check(&mc);
     if (err) { fail(EXIT_USAGE, "%s", err); }
-    if (tc.count_params) {
-        PdnLayout lay;
-        pdn_build_layout(&mc, &lay);
-        char shape[64];
-        for (int i = 0; i < NUM_TENSORS; i++) {
-            if (!lay.t[i].numel) { continue; }
-            tensor_shape_str(&lay.t[i], shape, sizeof shape);
-            printf("%-14s %-16s %12zu%s\n", lay.t[i].name, shape, lay.t[i].numel, lay.t[i].wd ? "  wd" : "");
-        }
-        printf("%zu\n", lay.num_params);
-        return 0;
-    }
+    if (tc.count_params) { print_param_table(&mc); return 0; }
     model_init(&m, &mc, tc.chunk, tc.chunk_form);
     if (loaded) { memcpy(m.params, loaded, m.lay.num_elems * sizeof(real)); free(loaded); }
     else { pdn_init_params(&mc, &m.lay, m.params, (uint64_t)tc.seed); }
@@ -1631,15 +1585,7 @@ int main(int argc, char** argv) {
         return 0;
     }
 
-    const char* merr = mqar_check(&mq);
-    if (merr) { fail(EXIT_USAGE, "%s", merr); }
-    if (mq.vocab > mc.vocab_size) {
-        fail(EXIT_USAGE, "MQAR vocabulary %d is larger than the model's vocabulary %d (set --vocab or --mqar-vocab)", mq.vocab, mc.vocab_size);
-    }
-    if (pdn_eigen_bound_broken(&mc)) {
-        printf("warning: allow_neg_eigval (beta up to 2) with squash x = %g breaks beta*x <= 2, the eigenvalue bound of "
-               "the paper (App. E.3); training may be unstable\n", mc.squash_x);
-    }
+    check_task(&mq, &mc);
     print_config_box(&mc, &tc, &m.lay, device, REAL_DTYPE);
 
     Rng data_rng;
@@ -1649,14 +1595,8 @@ int main(int argc, char** argv) {
         TrainState st;
         m.m = (real*)callocCheck(m.lay.num_elems, sizeof(real));
         m.v = (real*)callocCheck(m.lay.num_elems, sizeof(real));
-        state_read(resume_state, &st, m.m, m.v, m.lay.num_elems, REAL_DTYPE);
-        if (st.model_crc != loaded_crc) {
-            fail(EXIT_BADFILE, "%s belongs to a different checkpoint (model crc %08x, found %08x)", resume_state, st.model_crc, loaded_crc);
-        }
-        if (st.B != tc.B || st.T != tc.T || st.grad_accum != tc.grad_accum || st.nproc != 1 || st.n_data != 4) {
-            fail(EXIT_USAGE, "resume needs the same batch settings: the checkpoint used -b %d -t %d with %d accumulation "
-                 "steps on %d process(es); now -b %d -t %d, %d steps", st.B, st.T, st.grad_accum, st.nproc, tc.B, tc.T, tc.grad_accum);
-        }
+        resume_state_read(resume_state, &tc, 1, loaded_crc, &st, m.m, m.v, m.lay.num_elems, REAL_DTYPE);
+        if (st.n_data != 4) { fail(EXIT_BADFILE, "%s: the data position is not an MQAR stream's", resume_state); }
         for (int i = 0; i < 4; i++) { data_rng.s[i] = st.data[i]; }
         start_step = st.step;
     }
@@ -1668,6 +1608,12 @@ int main(int argc, char** argv) {
     size_t N = (size_t)tc.B * tc.T;
     int* x = (int*)mallocCheck(N * sizeof(int));
     int* y = (int*)mallocCheck(N * sizeof(int));
+    if (tc.debug_state[0]) {
+        // one micro-batch, the first of this run's data stream: logits, loss and gradients for comparison
+        mqar_batch(&mq, &data_rng, tc.B, x, y);
+        write_debug_state(&m, &acts, x, y, tc.debug_state);
+        return 0;
+    }
     printf("MQAR: vocab %d, length %d, %d pairs; chance accuracy ~%.1f%%\n", mq.vocab, mq.seq_len, mq.pairs, 100.0 / (mq.vocab / 2));
     double t_start = wall_seconds(), t_steps = 0.0;
     int timed = 0;
@@ -1689,12 +1635,7 @@ int main(int argc, char** argv) {
         adamw_update(&m, lr, tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay, (int)step + 1, scale);
         double dt = wall_seconds() - t0;
         if (step > start_step) { t_steps += dt; timed++; }
-        double per = timed ? t_steps / timed : dt;
-        char eta[32];
-        format_eta(per * (tc.steps - step - 1), eta, sizeof eta);
-        printf("step %5ld/%d | loss %.6f | norm %8.4f | lr %.2e | %7.1f ms | %8.0f tok/s | eta %s\n", step + 1, tc.steps,
-               loss, norm, lr, dt * 1e3, tc.total_batch / dt, eta);
-        logger_printf(&lg, "s:%ld trl:%.9g norm:%.9g lr:%.6e ms:%.1f\n", step + 1, loss, norm, lr, dt * 1e3);
+        print_step(&lg, &tc, step, loss, norm, lr, dt, timed ? t_steps / timed : dt, -1.0);
         int last = step + 1 == tc.steps;
         if ((tc.val_every && (step + 1) % tc.val_every == 0) || last) {
             double vl, va;

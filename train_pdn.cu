@@ -1,0 +1,2267 @@
+/*
+train_pdn.cu: the CUDA trainer of pdn.c, mirroring the CPU reference train_pdn.c (same command line, presets,
+parameter layout, checkpoint format and training semantics; the model math is documented there and in
+../shared/SPEC.md). Mixed precision like llm.c: parameters and activations in bf16 (floatX), fp32 master weights,
+gradients and optimizer state, stochastic rounding of the bf16 parameters with per-tensor seeds. Build with
+PRECISION=FP32 for an all-fp32 build (no TF32) that matches the CPU reference to 1e-4.
+
+Read it top to bottom:
+  1. CUDA utilities, cuBLASLt and batched-GEMM wrappers
+  2. layer kernels, each with its launcher: encoder, RMSNorm (+ residual), short conv + SiLU, L2 norm (+ the
+     head-major layout of the mixer), gates, output norm + gate, SwiGLU, fused classifier, reductions, AdamW
+  3. the mixer: diagonal preconditioner scan, exact preconditioner, chunkwise delta rule forward/backward
+  4. the model: parameters, activations, forward, backward, update
+  5. training loop, evaluation, checkpoints, generation, main()
+
+The mixer works in a head-major layout padded to whole chunks: (B, H, Tp, X) with Tp = NC * C. A chunk of one
+head is then a contiguous (C, X) matrix, so every per-chunk product of SPEC §4 is one strided-batched GEMM over
+all B*H*NC chunks (tensor cores in bf16, exact fp32 in the FP32 build); the parts that are not GEMMs (cumsums,
+masks and decays, the unit-triangular inverse, the sequential state scans, channel-decay scores, reductions)
+are custom kernels. Padded tokens have q = k = v = 0, beta = 0, g = 0: they change neither outputs nor states.
+*/
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cublas_v2.h>
+#include <cublasLt.h>
+#include <mma.h>
+#include <vector>
+#include <algorithm>
+#include "pdn.h"
+#include "mqar.h"
+#include "train_common.h"
+
+// ----------------------------------------------------------------------------------------------------
+// 1. CUDA utilities
+
+#ifdef ENABLE_FP32
+typedef float floatX;
+#define PRECISION_NAME "fp32"
+#define CUDA_FLOATX CUDA_R_32F
+#else
+typedef __nv_bfloat16 floatX;
+#define PRECISION_NAME "bf16"
+#define CUDA_FLOATX CUDA_R_16BF
+#endif
+
+static void cuda_check(cudaError_t err, const char* file, int line) {
+    if (err != cudaSuccess) {
+        fprintf(stderr, "error: CUDA: %s [%s:%d]\n", cudaGetErrorString(err), file, line);
+        if (err == cudaErrorMemoryAllocation) { fprintf(stderr, "  hint: lower -b (micro-batch) or -t\n"); }
+        exit(EXIT_SYSTEM);
+    }
+}
+#define cudaCheck(err) cuda_check(err, __FILE__, __LINE__)
+
+static void cublas_check(cublasStatus_t st, const char* file, int line) {
+    if (st != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "error: cuBLAS status %d [%s:%d]\n", (int)st, file, line);
+        exit(EXIT_SYSTEM);
+    }
+}
+#define cublasCheck(st) cublas_check(st, __FILE__, __LINE__)
+
+static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
+#define L2NORM_EPS_F 1e-6f // SPEC §3.3, fixed
+
+__device__ __forceinline__ float tof(float x) { return x; }
+__device__ __forceinline__ float tof(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T fromf(float x);
+template <> __device__ __forceinline__ float fromf<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// warp and block sums; fixed shuffle order, so deterministic
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffff, v, o); }
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) { v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o)); }
+    return v;
+}
+// sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result
+__device__ float block_sum(float v) {
+    __shared__ float sh[32];
+    __shared__ float total;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) { sh[warp] = v; }
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < nw ? sh[lane] : 0.0f;
+        s = warp_sum(s);
+        if (lane == 0) { total = s; }
+    }
+    __syncthreads();
+    return total;
+}
+__device__ float block_max(float v) {
+    __shared__ float sh[32];
+    __shared__ float total;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) { sh[warp] = v; }
+    __syncthreads();
+    if (warp == 0) {
+        float s = lane < nw ? sh[lane] : -INFINITY;
+        s = warp_max(s);
+        if (lane == 0) { total = s; }
+    }
+    __syncthreads();
+    return total;
+}
+
+// stochastic rounding to bf16 (SquirrelNoise5-style hash of position and seed); identity in the FP32 build
+__device__ __forceinline__ unsigned int squirrel(unsigned int pos, unsigned int seed) {
+    const unsigned int N1 = 0xd2a80a3f, N2 = 0xa884f197, N3 = 0x6C736F4B, N4 = 0xB79F3ABB, N5 = 0x1b56c4f5;
+    unsigned int m = pos;
+    m *= N1; m += seed; m ^= (m >> 9); m += N2; m ^= (m >> 11); m *= N3; m ^= (m >> 13); m += N4; m ^= (m >> 15);
+    m *= N5; m ^= (m >> 17);
+    return m;
+}
+__device__ __forceinline__ floatX round_sr(float x, unsigned int pos, unsigned int seed) {
+#ifdef ENABLE_FP32
+    (void)pos; (void)seed;
+    return x;
+#else
+    unsigned int r = squirrel(pos, seed) & 0xFFFF;
+    unsigned int b = __float_as_uint(x);
+    b = (b + r) & 0xFFFF0000u; // add noise below the kept bits, then truncate
+    return __float2bfloat16_rz(__uint_as_float(b));
+#endif
+}
+
+// one device allocation for many tensors (activations, scratch): a list of (pointer, bytes)
+struct Arena {
+    std::vector<std::pair<void**, size_t>> items;
+    void* mem = nullptr;
+    size_t bytes = 0;
+    template <typename T> void add(T** p, size_t count) { items.push_back({(void**)p, count * sizeof(T)}); }
+    void alloc() {
+        bytes = 0;
+        for (auto& it : items) { bytes += (it.second + 255) / 256 * 256; }
+        cudaCheck(cudaMalloc(&mem, bytes ? bytes : 256));
+        cudaCheck(cudaMemset(mem, 0, bytes ? bytes : 256));
+        char* p = (char*)mem;
+        for (auto& it : items) { *it.first = it.second ? (void*)p : nullptr; p += (it.second + 255) / 256 * 256; }
+    }
+    void release() { if (mem) { cudaCheck(cudaFree(mem)); } mem = nullptr; items.clear(); }
+};
+
+// ----------------------------------------------------------------------------------------------------
+// where the time goes: with PDN_PROFILE=1 every PROF(name) scope is timed with CUDA events (asynchronously;
+// resolved once per step) and a table of the regions is printed at the end of the run
+
+struct ProfMark { const char* name; cudaEvent_t a, b; };
+static int prof_on = 0;
+static std::vector<ProfMark> prof_pending;
+static std::vector<cudaEvent_t> prof_pool;
+static std::vector<std::pair<const char*, double>> prof_total; // name -> ms, in first-seen order
+static cudaStream_t main_stream = 0;
+
+static cudaEvent_t prof_event(void) {
+    if (prof_pool.empty()) { cudaEvent_t e; cudaCheck(cudaEventCreate(&e)); return e; }
+    cudaEvent_t e = prof_pool.back();
+    prof_pool.pop_back();
+    return e;
+}
+struct ProfScope {
+    int idx = -1;
+    ProfScope(const char* name) {
+        if (!prof_on) { return; }
+        ProfMark m{name, prof_event(), prof_event()};
+        cudaCheck(cudaEventRecord(m.a, main_stream));
+        prof_pending.push_back(m);
+        idx = (int)prof_pending.size() - 1;
+    }
+    ~ProfScope() { if (idx >= 0) { cudaCheck(cudaEventRecord(prof_pending[idx].b, main_stream)); } }
+};
+#define PROF_CAT2(a, b) a##b
+#define PROF_CAT(a, b) PROF_CAT2(a, b)
+#define PROF(name) ProfScope PROF_CAT(prof_scope_, __LINE__)(name)
+
+// resolve the pending marks (call after a synchronisation); `count` = 0 drops them (warm-up steps)
+static void prof_flush(int count) {
+    for (auto& m : prof_pending) {
+        if (count) {
+            float ms = 0.0f;
+            cudaCheck(cudaEventElapsedTime(&ms, m.a, m.b));
+            size_t i = 0;
+            while (i < prof_total.size() && strcmp(prof_total[i].first, m.name) != 0) { i++; }
+            if (i == prof_total.size()) { prof_total.push_back({m.name, 0.0}); }
+            prof_total[i].second += ms;
+        }
+        prof_pool.push_back(m.a);
+        prof_pool.push_back(m.b);
+    }
+    prof_pending.clear();
+}
+
+static void prof_report(int steps) {
+    if (!prof_on || steps == 0) { return; }
+    double tot = 0.0;
+    for (auto& r : prof_total) { tot += r.second; }
+    std::vector<std::pair<const char*, double>> rows = prof_total;
+    std::sort(rows.begin(), rows.end(), [](const std::pair<const char*, double>& x, const std::pair<const char*, double>& y) { return x.second > y.second; });
+    printf("\nwhere the time goes (PDN_PROFILE=1, mean over %d steps; regions do not overlap):\n", steps);
+    printf("%-28s %10s %7s\n", "region", "ms/step", "share");
+    for (auto& r : rows) { printf("%-28s %10.2f %6.1f%%\n", r.first, r.second / steps, 100.0 * r.second / tot); }
+    printf("%-28s %10.2f\n", "total (timed regions)", tot / steps);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// cuBLASLt (projections, MLP, classifier) and cuBLAS strided-batched GEMMs (the mixer's per-chunk products).
+// All wrappers take row-major shapes; cuBLAS is column-major, so a row-major C = A B is computed as the
+// column-major Cᵀ = Bᵀ Aᵀ.
+
+static cublasHandle_t cublas_handle;
+static cublasLtHandle_t cublaslt_handle;
+static void* cublaslt_workspace = nullptr;
+static const size_t cublaslt_workspace_size = 64ull << 20;
+#ifdef ENABLE_FP32
+static const cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F; // true fp32: no TF32
+#else
+static const cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F;
+#endif
+
+// D (M, N) = alpha * op(A) op(B) + beta * D, row-major, with op(A) (M, K), op(B) (K, N).
+// transA: A is stored (K, M); transB: B is stored (N, K). A, B floatX; D floatX or fp32 (d_fp32).
+// bias (N, floatX) is added when given (only with beta = 0 and a floatX output).
+static void matmul_lt(void* D, bool d_fp32, const floatX* A, bool transA, const floatX* B, bool transB,
+                      int M, int N, int K, float alpha, float beta, const floatX* bias) {
+    cublasLtMatmulDesc_t desc;
+    cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute, CUDA_R_32F));
+    // column-major view: D' (N, M) = op(B') op(A'), B' = B viewed column-major
+    cublasOperation_t opB = transB ? CUBLAS_OP_T : CUBLAS_OP_N, opA = transA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof(opB)));
+    cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof(opA)));
+    if (bias) {
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        cudaDataType_t bt = CUDA_FLOATX;
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+        cublasCheck(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    }
+    cublasLtMatrixLayout_t la, lb, ld;
+    // first operand of the column-major product is B': (N x K) if not transposed, stored with ld = N (row-major B is K x N)
+    cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_FLOATX, transB ? K : N, transB ? N : K, transB ? K : N));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_FLOATX, transA ? M : K, transA ? K : M, transA ? M : K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, d_fp32 ? CUDA_R_32F : CUDA_FLOATX, N, M, N));
+    cublasLtMatmulPreference_t pref;
+    cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
+    cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &cublaslt_workspace_size, sizeof(cublaslt_workspace_size)));
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heur, &found));
+    if (found == 0) { fail(EXIT_SYSTEM, "cuBLASLt found no algorithm for a %d x %d x %d matmul", M, N, K); }
+    cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, B, la, A, lb, &beta, D, ld, D, ld, &heur.algo,
+                               cublaslt_workspace, cublaslt_workspace_size, main_stream));
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(desc);
+}
+
+// out (N, OC) floatX = inp (N, C) @ w (OC, C)ᵀ + bias
+static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, const floatX* bias, int N, int C, int OC) {
+    matmul_lt(out, false, inp, false, w, true, N, OC, C, 1.0f, 0.0f, bias);
+}
+
+// dinp (N, C) fp32 += dout (N, OC) @ w (OC, C);  dw (OC, C) fp32 += doutᵀ @ inp
+static void matmul_backward(float* dinp, float* dw, const floatX* dout, const floatX* inp, const floatX* w,
+                            int N, int C, int OC) {
+    if (dinp) { matmul_lt(dinp, true, dout, false, w, false, N, C, OC, 1.0f, 1.0f, nullptr); }
+    matmul_lt(dw, true, dout, true, inp, false, OC, C, N, 1.0f, 1.0f, nullptr);
+}
+
+// Batched, row-major: C[i] (M, N) = alpha op(A[i]) op(B[i]) + beta C[i] for i < batch, strides in elements.
+static void bgemm(bool ta, bool tb, int M, int N, int K, const floatX* A, int lda, long sA, const floatX* B, int ldb,
+                  long sB, void* C, bool c_fp32, int ldc, long sC, int batch, float alpha, float beta) {
+    cublasCheck(cublasGemmStridedBatchedEx(cublas_handle, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                           N, M, K, &alpha, B, CUDA_FLOATX, ldb, sB, A, CUDA_FLOATX, lda, sA, &beta, C,
+                                           c_fp32 ? CUDA_R_32F : CUDA_FLOATX, ldc, sC, batch, cublas_compute,
+                                           CUBLAS_GEMM_DEFAULT));
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 2. layer kernels. Shapes: N = B*T tokens; "hm" = head-major padded (B, H, Tp, X).
+
+// out (N, d) = wte[tokens]
+__global__ void encoder_forward_kernel(floatX* out, const int* tokens, const floatX* wte, int N, int d) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)N * d) { return; }
+    long n = i / d;
+    out[i] = wte[(long)tokens[n] * d + i % d];
+}
+static void encoder_forward(floatX* out, const int* tokens, const floatX* wte, int N, int d) {
+    encoder_forward_kernel<<<cdiv((long)N * d, 256), 256, 0, main_stream>>>(out, tokens, wte, N, d);
+    cudaCheck(cudaGetLastError());
+}
+
+// Deterministic embedding backward: the host groups positions by token (bucket_start/bucket_pos, positions in
+// increasing order); each thread sums one channel of one token over its positions in that fixed order.
+__global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* bucket_tok, const int* bucket_start,
+                                        const int* bucket_pos, int d) {
+    int u = blockIdx.x, c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= d) { return; }
+    float s = 0.0f;
+    for (int i = bucket_start[u]; i < bucket_start[u + 1]; i++) { s += dout[(long)bucket_pos[i] * d + c]; }
+    dwte[(long)bucket_tok[u] * d + c] += s;
+}
+
+// Deterministic column sums: out[m] += Σ_n mat[n, m] over N rows, rows summed in chunks of 256 then the chunk
+// partials in order. partial: scratch of ceil(N/256) * M floats.
+#define COLSUM_ROWS 256
+__global__ void colsum_partial_kernel(float* partial, const float* mat, int N, int M) {
+    int m = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+    if (m >= M) { return; }
+    float s = 0.0f;
+    int r1 = min(N, (ch + 1) * COLSUM_ROWS);
+    for (int r = ch * COLSUM_ROWS; r < r1; r++) { s += mat[(long)r * M + m]; }
+    partial[(long)ch * M + m] = s;
+}
+__global__ void colsum_final_kernel(float* out, const float* partial, int nch, int M) {
+    int m = blockIdx.x * blockDim.x + threadIdx.x;
+    if (m >= M) { return; }
+    float s = 0.0f;
+    for (int c = 0; c < nch; c++) { s += partial[(long)c * M + m]; }
+    out[m] += s;
+}
+static float* colsum_scratch = nullptr;
+static size_t colsum_scratch_n = 0;
+static void colsum_add(float* out, const float* mat, long N, int M) {
+    int nch = cdiv(N, COLSUM_ROWS);
+    if ((size_t)nch * M > colsum_scratch_n) {
+        if (colsum_scratch) { cudaCheck(cudaFree(colsum_scratch)); }
+        colsum_scratch_n = (size_t)nch * M;
+        cudaCheck(cudaMalloc(&colsum_scratch, colsum_scratch_n * sizeof(float)));
+    }
+    colsum_partial_kernel<<<dim3(cdiv(M, 128), nch), 128, 0, main_stream>>>(colsum_scratch, mat, (int)N, M);
+    colsum_final_kernel<<<cdiv(M, 128), 128, 0, main_stream>>>(out, colsum_scratch, nch, M);
+    cudaCheck(cudaGetLastError());
+}
+
+// RMSNorm (SPEC §2), optionally fused with the residual add: resid_out = a + b (if b), out = RMSNorm(resid) * w.
+// One warp per row.
+__global__ void rmsnorm_forward_kernel(floatX* resid_out, floatX* out, float* rstd, const floatX* a, const floatX* b,
+                                       const floatX* w, int N, int C, float eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }
+    const floatX* pa = a + (long)row * C;
+    const floatX* pb = b ? b + (long)row * C : nullptr;
+    float ss = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float x = tof(pa[c]);
+        if (pb) {
+            // round the sum to floatX first: the stored residual is what the next layer and the backward see
+            floatX xs = fromf<floatX>(x + tof(pb[c]));
+            resid_out[(long)row * C + c] = xs;
+            x = tof(xs);
+        }
+        ss += x * x;
+    }
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / C + eps);
+    if (lane == 0) { rstd[row] = r; }
+    const floatX* src = pb ? resid_out + (long)row * C : pa;
+    for (int c = lane; c < C; c += 32) { out[(long)row * C + c] = fromf<floatX>(tof(src[c]) * r * tof(w[c])); }
+}
+static void rmsnorm_forward(floatX* resid_out, floatX* out, float* rstd, const floatX* a, const floatX* b, const floatX* w,
+                            long N, int C, float eps) {
+    rmsnorm_forward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(resid_out, out, rstd, a, b, w, (int)N, C, eps);
+    cudaCheck(cudaGetLastError());
+}
+
+// dinp (fp32) += RMSNorm backward; wprod (N, C) fp32 scratch receives dy * x * rstd for the weight's column sum.
+// dout is fp32 (dout_f) or floatX (dout_x), whichever is given.
+__global__ void rmsnorm_backward_kernel(float* dinp, float* wprod, const float* dout_f, const floatX* dout_x,
+                                        const floatX* inp, const float* inp_f, const floatX* w, const float* rstd,
+                                        int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }
+    long base = (long)row * C;
+    float r = rstd[row], dot = 0.0f;
+    for (int c = lane; c < C; c += 32) {
+        float dy = dout_f ? dout_f[base + c] : tof(dout_x[base + c]);
+        float x = inp_f ? inp_f[base + c] : tof(inp[base + c]);
+        dot += dy * tof(w[c]) * x;
+    }
+    dot = warp_sum(dot);
+    float k = r * r * r * dot / C;
+    for (int c = lane; c < C; c += 32) {
+        float dy = dout_f ? dout_f[base + c] : tof(dout_x[base + c]);
+        float x = inp_f ? inp_f[base + c] : tof(inp[base + c]);
+        dinp[base + c] += r * dy * tof(w[c]) - k * x;
+        wprod[base + c] = dy * x * r;
+    }
+}
+static void rmsnorm_backward(float* dinp, float* dw, float* wprod, const float* dout_f, const floatX* dout_x,
+                             const floatX* inp, const float* inp_f, const floatX* w, const float* rstd, long N, int C) {
+    rmsnorm_backward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(dinp, wprod, dout_f, dout_x, inp, inp_f, w, rstd, (int)N, C);
+    cudaCheck(cudaGetLastError());
+    colsum_add(dw, wprod, N, C);
+}
+
+// index of element (b, t, h, j) of a (B, T, H*D) tensor in the head-major padded layout (B, H, Tp, D)
+__device__ __forceinline__ long hm_index(int b, int t, int c, int H, int D, int Tp) {
+    return (((long)b * H + c / D) * Tp + t) * D + c % D;
+}
+
+// Short causal depthwise convolution + SiLU (SPEC §3.2). z, pre: (B, T, Ch) floatX; w (Ch, cs); hist (B, cs-1, Ch)
+// or null (zeros before the sequence). out: SiLU(pre), token-major (hm_D = 0) or head-major padded with head dim hm_D.
+__global__ void conv_silu_forward_kernel(floatX* pre, floatX* out, const floatX* z, const floatX* w, const floatX* hist,
+                                         int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * T * Ch) { return; }
+    int c = (int)(i % Ch);
+    long bt = i / Ch;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    float s = 0.0f;
+    for (int k = 0; k < cs; k++) {
+        int src = t - (cs - 1) + k;
+        float zv;
+        if (src >= 0) { zv = tof(z[((long)b * T + src) * Ch + c]); }
+        else if (hist) { zv = tof(hist[((long)b * (cs - 1) + (cs - 1 + src)) * Ch + c]); }
+        else { continue; }
+        s += tof(w[(long)c * cs + k]) * zv;
+    }
+    floatX ps = fromf<floatX>(s);
+    pre[i] = ps;
+    float p = tof(ps);
+    floatX o = fromf<floatX>(p * sigmoidf_(p));
+    if (hm_D) { out[hm_index(b, t, c, H, hm_D, Tp)] = o; } else { out[i] = o; }
+}
+static void conv_silu_forward(floatX* pre, floatX* out, const floatX* z, const floatX* w, const floatX* hist,
+                              int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
+    conv_silu_forward_kernel<<<cdiv((long)B * T * Ch, 256), 256, 0, main_stream>>>(pre, out, z, w, hist, B, T, Ch, cs, hm_D, H, Tp);
+    cudaCheck(cudaGetLastError());
+}
+
+// new history = the last cs-1 rows of [old history; z], per sequence
+__global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T, int Ch, int cs) {
+    int nh = cs - 1;
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * Ch) { return; }
+    int b = (int)(i / Ch), c = (int)(i % Ch);
+    float tmp[16];
+    for (int k = 0; k < nh; k++) {
+        int s = T - nh + k;
+        tmp[k] = s >= 0 ? tof(z[((long)b * T + s) * Ch + c]) : tof(hist[((long)b * nh + nh + s) * Ch + c]);
+    }
+    for (int k = 0; k < nh; k++) { hist[((long)b * nh + k) * Ch + c] = fromf<floatX>(tmp[k]); }
+}
+
+// backward: dout (grad of the SiLU output, fp32, token-major or hm) -> dpre; dz (floatX, token-major) for the
+// projection's backward; wprod (N, Ch*cs) fp32 for the weight's column sum
+__global__ void conv_silu_backward_kernel(floatX* dz, float* wprod, const float* dout, const floatX* pre, const floatX* z,
+                                          const floatX* w, int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * T * Ch) { return; }
+    int c = (int)(i % Ch);
+    long bt = i / Ch;
+    int s = (int)(bt % T), b = (int)(bt / T);
+    // dz[s] = Σ_k w[k] dpre[s + cs-1-k]
+    float acc = 0.0f;
+    for (int k = 0; k < cs; k++) {
+        int t = s + (cs - 1) - k;
+        if (t >= T) { continue; }
+        long it = ((long)b * T + t) * Ch + c;
+        float p = tof(pre[it]), sg = sigmoidf_(p);
+        float d = hm_D ? dout[hm_index(b, t, c, H, hm_D, Tp)] : dout[it];
+        acc += tof(w[(long)c * cs + k]) * d * sg * (1.0f + p * (1.0f - sg));
+    }
+    dz[i] = fromf<floatX>(acc);
+    // weight: dw[c, k] = Σ_t dpre[t] z[t - cs+1 + k]; this thread is position t = s
+    float p = tof(pre[i]), sg = sigmoidf_(p);
+    float dp = (hm_D ? dout[hm_index(b, s, c, H, hm_D, Tp)] : dout[i]) * sg * (1.0f + p * (1.0f - sg));
+    for (int k = 0; k < cs; k++) {
+        int src = s - (cs - 1) + k;
+        wprod[i * cs + k] = src >= 0 ? dp * tof(z[((long)b * T + src) * Ch + c]) : 0.0f;
+    }
+}
+static void conv_silu_backward(floatX* dz, float* dw, float* wprod, const float* dout, const floatX* pre, const floatX* z,
+                               const floatX* w, int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
+    conv_silu_backward_kernel<<<cdiv((long)B * T * Ch, 256), 256, 0, main_stream>>>(dz, wprod, dout, pre, z, w, B, T, Ch, cs, hm_D, H, Tp);
+    cudaCheck(cudaGetLastError());
+    colsum_add(dw, wprod, (long)B * T, Ch * cs);
+}
+
+// L2 norm over each head's K values (SPEC §3.3), scaled; input token-major (B, T, H*K), output head-major padded.
+// One warp per (b, t, h).
+__global__ void l2norm_forward_kernel(floatX* out, float* rstd, const floatX* inp, int B, int T, int H, int K, int Tp, float scale) {
+    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (long)B * T * H) { return; }
+    int h = (int)(row % H);
+    long bt = row / H;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    const floatX* x = inp + row * K;
+    float ss = 0.0f;
+    for (int j = lane; j < K; j += 32) { float v = tof(x[j]); ss += v * v; }
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss + (float)L2NORM_EPS_F);
+    if (lane == 0) { rstd[row] = r; }
+    floatX* o = out + (((long)b * H + h) * Tp + t) * K;
+    for (int j = lane; j < K; j += 32) { o[j] = fromf<floatX>(tof(x[j]) * r * scale); }
+}
+static void l2norm_forward(floatX* out, float* rstd, const floatX* inp, int B, int T, int H, int K, int Tp, float scale) {
+    l2norm_forward_kernel<<<cdiv((long)B * T * H, 8), 256, 0, main_stream>>>(out, rstd, inp, B, T, H, K, Tp, scale);
+    cudaCheck(cudaGetLastError());
+}
+
+// dinp (token-major fp32) = rstd (scale dy - out (dy·out) / scale), dy = dout (head-major fp32), out head-major
+__global__ void l2norm_backward_kernel(float* dinp, const float* dout, const floatX* out, const float* rstd,
+                                       int B, int T, int H, int K, int Tp, float scale) {
+    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (long)B * T * H) { return; }
+    int h = (int)(row % H);
+    long bt = row / H;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    long hb = (((long)b * H + h) * Tp + t) * K;
+    float dot = 0.0f;
+    for (int j = lane; j < K; j += 32) { dot += dout[hb + j] * tof(out[hb + j]); }
+    dot = warp_sum(dot);
+    float r = rstd[row];
+    for (int j = lane; j < K; j += 32) { dinp[row * K + j] = r * (scale * dout[hb + j] - tof(out[hb + j]) * dot / scale); }
+}
+static void l2norm_backward(float* dinp, const float* dout, const floatX* out, const float* rstd, int B, int T, int H,
+                            int K, int Tp, float scale) {
+    l2norm_backward_kernel<<<cdiv((long)B * T * H, 8), 256, 0, main_stream>>>(dinp, dout, out, rstd, B, T, H, K, Tp, scale);
+    cudaCheck(cudaGetLastError());
+}
+
+// Gates (SPEC §3.4-3.6). pre: (B, T, H*gw) floatX from a projection; out head-major (B, H, Tp, gw) fp32.
+// kind 0: sigmoid gate, out = bmax * sigmoid(pre). kind 1: log decay, out = -exp(A_log[h]) softplus(pre + dt_bias).
+__global__ void gate_forward_kernel(float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias,
+                                    int kind, float bmax, int B, int T, int H, int gw, int Tp) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * T * H * gw) { return; }
+    int c = (int)(i % (H * gw));
+    long bt = i / (H * gw);
+    int t = (int)(bt % T), b = (int)(bt / T), h = c / gw;
+    float p = tof(pre[i]);
+    float v = kind == 0 ? bmax * sigmoidf_(p) : -expf(tof(a_log[h])) * softplusf_(p + tof(dt_bias[c]));
+    out[hm_index(b, t, c, H, gw, Tp)] = v;
+}
+static void gate_forward(float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias, int kind, float bmax,
+                         int B, int T, int H, int gw, int Tp) {
+    gate_forward_kernel<<<cdiv((long)B * T * H * gw, 256), 256, 0, main_stream>>>(out, pre, a_log, dt_bias, kind, bmax, B, T, H, gw, Tp);
+    cudaCheck(cudaGetLastError());
+}
+
+// backward: dout (head-major fp32) -> dpre (token-major floatX, for the projection) and dpre_f (fp32, the dt_bias
+// column sum); kind 1 also writes alog_prod (B*T, H) with Σ_j dout * out for A_log's column sum
+__global__ void gate_backward_kernel(floatX* dpre, float* dpre_f, float* alog_prod, const float* dout, const float* out,
+                                     const floatX* pre, const floatX* a_log, const floatX* dt_bias, int kind, float bmax,
+                                     int B, int T, int H, int gw, int Tp) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x; // over (B*T, H)
+    if (i >= (long)B * T * H) { return; }
+    int h = (int)(i % H);
+    long bt = i / H;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    float alog = 0.0f;
+    for (int j = 0; j < gw; j++) {
+        int c = h * gw + j;
+        long ih = hm_index(b, t, c, H, gw, Tp), it = bt * H * gw + c;
+        float d = dout[ih], o = out[ih], dp;
+        if (kind == 0) {
+            float s = o / bmax;
+            dp = d * bmax * s * (1.0f - s);
+        } else {
+            dp = d * -expf(tof(a_log[h])) * sigmoidf_(tof(pre[it]) + tof(dt_bias[c]));
+            alog += d * o;
+        }
+        dpre[it] = fromf<floatX>(dp);
+        if (dpre_f) { dpre_f[it] = dp; }
+    }
+    if (alog_prod) { alog_prod[i] = alog; }
+}
+static void gate_backward(floatX* dpre, float* dpre_f, float* alog_prod, const float* dout, const float* out, const floatX* pre,
+                          const floatX* a_log, const floatX* dt_bias, int kind, float bmax, int B, int T, int H, int gw, int Tp) {
+    gate_backward_kernel<<<cdiv((long)B * T * H, 256), 256, 0, main_stream>>>(dpre, dpre_f, alog_prod, dout, out, pre, a_log,
+                                                                              dt_bias, kind, bmax, B, T, H, gw, Tp);
+    cudaCheck(cudaGetLastError());
+}
+
+// Output norm (RMSNorm over V, weight shared by the heads) and optional sigmoid gate (SPEC §3.8).
+// o: mixer output head-major fp32; on (B*T, H*V) floatX normalised; og = on ⊙ sigmoid(gz) (or on) floatX.
+// One warp per (b, t, h).
+__global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, const float* o, const floatX* w,
+                                          const floatX* gz, int B, int T, int H, int V, int Tp, float eps) {
+    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (long)B * T * H) { return; }
+    int h = (int)(row % H);
+    long bt = row / H;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    const float* x = o + (((long)b * H + h) * Tp + t) * V;
+    float ss = 0.0f;
+    for (int j = lane; j < V; j += 32) { ss += x[j] * x[j]; }
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / V + eps);
+    if (lane == 0) { rstd[row] = r; }
+    for (int j = lane; j < V; j += 32) {
+        floatX n = fromf<floatX>(x[j] * r * tof(w[j]));
+        on[row * V + j] = n;
+        if (gz) { og[row * V + j] = fromf<floatX>(tof(n) * sigmoidf_(tof(gz[row * V + j]))); }
+    }
+}
+
+// backward: dog (fp32, token-major) -> dgz (floatX + fp32 for the bias sum) if gated; dO (head-major floatX, the
+// mixer's output gradient); wprod (B*T*H, V) for o_norm's column sum
+__global__ void onorm_gate_backward_kernel(floatX* dO, floatX* dgz, float* dgz_f, float* wprod, const float* dog,
+                                           const float* o, const floatX* on, const floatX* w, const floatX* gz,
+                                           const float* rstd, int B, int T, int H, int V, int Tp) {
+    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (long)B * T * H) { return; }
+    int h = (int)(row % H);
+    long bt = row / H;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    long hb = (((long)b * H + h) * Tp + t) * V;
+    float r = rstd[row], dot = 0.0f;
+    for (int j = lane; j < V; j += 32) {
+        float dn = dog[row * V + j];
+        if (gz) {
+            float s = sigmoidf_(tof(gz[row * V + j]));
+            float dz = dn * tof(on[row * V + j]) * s * (1.0f - s);
+            dgz[row * V + j] = fromf<floatX>(dz);
+            dgz_f[row * V + j] = dz;
+            dn *= s;
+        }
+        dot += dn * tof(w[j]) * o[hb + j];
+    }
+    dot = warp_sum(dot);
+    float k = r * r * r * dot / V;
+    for (int j = lane; j < V; j += 32) {
+        float dn = dog[row * V + j];
+        if (gz) { dn *= sigmoidf_(tof(gz[row * V + j])); }
+        dO[hb + j] = fromf<floatX>(r * dn * tof(w[j]) - k * o[hb + j]);
+        wprod[row * V + j] = dn * o[hb + j] * r;
+    }
+}
+
+// SwiGLU (SPEC §2): out = silu(gate) * up
+__global__ void swiglu_forward_kernel(floatX* out, const floatX* gate, const floatX* up, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float g = tof(gate[i]);
+    out[i] = fromf<floatX>(g * sigmoidf_(g) * tof(up[i]));
+}
+__global__ void swiglu_backward_kernel(floatX* dgate, floatX* dup, const float* dout, const floatX* gate, const floatX* up, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float g = tof(gate[i]), u = tof(up[i]), s = sigmoidf_(g), d = dout[i];
+    dgate[i] = fromf<floatX>(d * u * s * (1.0f + g * (1.0f - s)));
+    dup[i] = fromf<floatX>(d * g * s);
+}
+
+// Fused classifier: per row, softmax cross-entropy without materialising probabilities. losses[n] (0 without a
+// target); with dscale != 0 the logits row is overwritten by dlogits = (softmax - onehot) * dscale (rows without
+// a target get zeros); argmax (optional) gets the row's argmax for accuracy.
+__global__ void classifier_kernel(floatX* logits, float* losses, int* argmax, const int* targets, int Vv, float dscale) {
+    long row = blockIdx.x;
+    floatX* x = logits + row * Vv;
+    int t = targets[row];
+    float mx = -INFINITY;
+    int best = 0;
+    for (int i = threadIdx.x; i < Vv; i += blockDim.x) {
+        float v = tof(x[i]);
+        if (v > mx) { mx = v; best = i; }
+    }
+    float gmax = block_max(mx);
+    if (argmax) {
+        // smallest index holding the max: ties resolved like the CPU's first-max scan
+        __shared__ int sbest;
+        if (threadIdx.x == 0) { sbest = Vv; }
+        __syncthreads();
+        if (mx == gmax) { atomicMin(&sbest, best); }
+        __syncthreads();
+        if (threadIdx.x == 0) { argmax[row] = sbest; }
+    }
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < Vv; i += blockDim.x) { s += expf(tof(x[i]) - gmax); }
+    float sum = block_sum(s);
+    if (threadIdx.x == 0) { losses[row] = t >= 0 ? logf(sum) - (tof(x[t]) - gmax) : 0.0f; }
+    if (dscale != 0.0f) {
+        __syncthreads(); // everyone has read x[t] before it is overwritten
+        for (int i = threadIdx.x; i < Vv; i += blockDim.x) {
+            float p = t >= 0 ? expf(tof(x[i]) - gmax) / sum : 0.0f;
+            float d = t >= 0 ? (p - (i == t ? 1.0f : 0.0f)) * dscale : 0.0f;
+            x[i] = fromf<floatX>(d);
+        }
+    }
+}
+
+// AdamW on one tensor (SPEC §6 weight decay), gradient scaled by grad_scale (clipping). master fp32 is updated;
+// the floatX parameter is its stochastically rounded copy (seed per tensor and step).
+__global__ void adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, long n, float lr,
+                             float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
+                             unsigned int seed) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    float g = grads[i] * grad_scale;
+    float mi = beta1 * m[i] + (1.0f - beta1) * g;
+    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    float p = master[i];
+    p -= lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p);
+    master[i] = p;
+    params[i] = round_sr(p, (unsigned int)i, seed);
+}
+
+// fp32 master -> floatX params with the same rounding as adamw_kernel (resume and init use it)
+__global__ void round_params_kernel(floatX* params, const float* master, long n, unsigned int seed) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { params[i] = round_sr(master[i], (unsigned int)i, seed); }
+}
+
+// sum of squares, deterministic: fixed grid of partial sums, then one block sums them in order
+#define NORM_BLOCKS 512
+__global__ void sumsq_partial_kernel(float* partial, const float* g, long n) {
+    float s = 0.0f;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) { s += g[i] * g[i]; }
+    s = block_sum(s);
+    if (threadIdx.x == 0) { partial[blockIdx.x] = s; }
+}
+__global__ void sumsq_final_kernel(float* out, const float* partial, int n) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) { s += partial[i]; }
+    s = block_sum(s);
+    if (threadIdx.x == 0) { *out = s; }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 3. the mixer. Head-major padded layout: chunk q = (b*H + h)*NC + c owns rows q*C .. q*C+C-1 of every (rows, X)
+// tensor, so its (C, X) matrix starts at X + q*C*X_width; per-chunk (C, C) matrices start at q*C*C and the
+// states (K, V) at q*K*V.
+
+// 3a. diagonal preconditioner (SPEC §3.6), one thread per key channel, sequential over tokens.
+// k (hm floatX), gp, bp (hm (B,H,Tp) fp32) -> kt (hm floatX), astat (hm fp32, a_t for the backward).
+// a0 (B,H,K) fp32 or null; a_final (B,H,K) or null (may equal a0).
+__global__ void precond_diag_forward_kernel(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
+                                            const floatX* log_atk_scale, const float* a0, float* a_final,
+                                            int H, int T, int Tp, int K, float lnx, float eps) {
+    int bh = blockIdx.x, j = threadIdx.x;
+    if (j >= K) { return; }
+    float a = a0 ? a0[(long)bh * K + j] : 0.0f, c = tof(log_atk_scale[bh % H]);
+    long base = (long)bh * Tp;
+    for (int t = 0; t < T; t++) {
+        long row = base + t;
+        float kj = tof(k[row * K + j]);
+        a = expf(gp[row]) * a + bp[row] * kj * kj;
+        float r = logf(a + eps) - c;
+        float s = r / (1.0f + fabsf(r));
+        astat[row * K + j] = a;
+        kt[row * K + j] = fromf<floatX>(expf(-lnx * s) * kj);
+    }
+    if (a_final) { a_final[(long)bh * K + j] = a; }
+}
+
+// backward, reverse scan carrying abar = dL/da_t: dk (hm fp32) +=; per-channel contributions to dgp and dbp go to
+// cg, cb (hm fp32, summed over channels by precond_diag_reduce_kernel); dc (B*H) = this head's dlog_atk_scale part
+__global__ void precond_diag_backward_kernel(float* dk, float* cg, float* cb, float* dc, const float* dkt, const floatX* k,
+                                             const float* gp, const float* bp, const float* astat, const floatX* log_atk_scale,
+                                             int H, int T, int Tp, int K, float lnx, float eps) {
+    int bh = blockIdx.x, j = threadIdx.x;
+    float abar = 0.0f, dcs = 0.0f, c = tof(log_atk_scale[bh % H]);
+    long base = (long)bh * Tp;
+    if (j < K) {
+        for (int t = T - 1; t >= 0; t--) {
+            long row = base + t;
+            float kj = tof(k[row * K + j]), a = astat[row * K + j], decay = expf(gp[row]);
+            float r = logf(a + eps) - c;
+            float s = r / (1.0f + fabsf(r));
+            float m = expf(-lnx * s);
+            float g = dkt[row * K + j];
+            float ds = g * kj * -lnx * m;
+            float dr = ds / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
+            dcs -= dr;
+            abar += dr / (a + eps);
+            float aprev = t > 0 ? astat[(row - 1) * K + j] : 0.0f;
+            cg[row * K + j] = abar * aprev * decay;
+            cb[row * K + j] = abar * kj * kj;
+            dk[row * K + j] += g * m + 2.0f * bp[row] * kj * abar;
+            abar *= decay;
+        }
+    }
+    float tot = block_sum(j < K ? dcs : 0.0f);
+    if (threadIdx.x == 0) { dc[bh] = tot; }
+}
+
+// dgp[row] = Σ_j cg[row, j], dbp likewise, in channel order
+__global__ void precond_diag_reduce_kernel(float* dgp, float* dbp, const float* cg, const float* cb, long rows, int K) {
+    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= rows) { return; }
+    float sg = 0.0f, sb = 0.0f;
+    for (int j = lane; j < K; j += 32) { sg += cg[row * K + j]; sb += cb[row * K + j]; }
+    sg = warp_sum(sg);
+    sb = warp_sum(sb);
+    if (lane == 0) { dgp[row] = sg; dbp[row] = sb; }
+}
+
+// dlog_atk_scale[h] += Σ_b dc[b, h], in batch order
+__global__ void precond_dc_kernel(float* dlas, const float* dc, int B, int H) {
+    int h = threadIdx.x;
+    if (h >= H) { return; }
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) { s += dc[b * H + h]; }
+    dlas[h] += s;
+}
+
+// 3b. exact preconditioner (SPEC §5): one block per (b, h), P (K x K fp32) in shared memory, sequential over tokens.
+// Per token: w = P k, den = 1 + k·w, k̃ = w / den, P -= k̃ wᵀ. P at every chunk start goes to pstate (for the
+// backward); P0 / P_final (B,H,K,K) optional.
+__global__ void precond_exact_forward_kernel(floatX* kt, float* pstate, const floatX* k, const float* P0, float* P_final,
+                                             int T, int Tp, int K, int C, int NC, float ridge) {
+    extern __shared__ float sm[];
+    float* P = sm;            // K*K
+    float* w = P + K * K;     // K
+    float* kv = w + K;        // K
+    int bh = blockIdx.x;
+    long KK = (long)K * K;
+    for (long e = threadIdx.x; e < KK; e += blockDim.x) { P[e] = P0 ? P0[bh * KK + e] : (e % (K + 1) == 0 ? 1.0f / ridge : 0.0f); }
+    __syncthreads();
+    for (int t = 0; t < T; t++) {
+        long row = (long)bh * Tp + t;
+        if (t % C == 0) { for (long e = threadIdx.x; e < KK; e += blockDim.x) { pstate[((long)bh * (NC + 1) + t / C) * KK + e] = P[e]; } }
+        for (int a = threadIdx.x; a < K; a += blockDim.x) { kv[a] = tof(k[row * K + a]); }
+        __syncthreads();
+        float part = 0.0f;
+        for (int a = threadIdx.x; a < K; a += blockDim.x) {
+            float s = 0.0f;
+            for (int c = 0; c < K; c++) { s += P[a * K + c] * kv[c]; }
+            w[a] = s;
+            part += kv[a] * s;
+        }
+        float den = 1.0f + block_sum(part);
+        for (int a = threadIdx.x; a < K; a += blockDim.x) { kt[row * K + a] = fromf<floatX>(w[a] / den); }
+        for (long e = threadIdx.x; e < KK; e += blockDim.x) { P[e] -= (w[e / K] / den) * w[e % K]; }
+        __syncthreads();
+    }
+    int NCT = (T + C - 1) / C;
+    for (long e = threadIdx.x; e < KK; e += blockDim.x) {
+        pstate[((long)bh * (NC + 1) + NCT) * KK + e] = P[e];
+        if (P_final) { P_final[bh * KK + e] = P[e]; }
+    }
+}
+
+// backward: chunk by chunk in reverse, recompute P_{t-1} for the chunk's tokens into pbuf (global scratch,
+// (C+1) K*K per head), then the adjoint of each Sherman-Morrison step; dP (K x K) lives in shared memory
+__global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const float* dkt, const floatX* k, const float* pstate,
+                                              int T, int Tp, int K, int C, int NC) {
+    extern __shared__ float sm[];
+    float* dP = sm;           // K*K
+    float* w = dP + K * K;    // K
+    float* kt = w + K;
+    float* kv = kt + K;
+    float* dw = kv + K;
+    float* dktl = dw + K;
+    __shared__ float sden;
+    int bh = blockIdx.x;
+    long KK = (long)K * K;
+    float* Pb = pbuf + (long)bh * (C + 1) * KK;
+    for (long e = threadIdx.x; e < KK; e += blockDim.x) { dP[e] = 0.0f; }
+    int NCT = (T + C - 1) / C;
+    for (int ch = NCT - 1; ch >= 0; ch--) {
+        int t0 = ch * C, n = min(C, T - t0);
+        for (long e = threadIdx.x; e < KK; e += blockDim.x) { Pb[e] = pstate[((long)bh * (NC + 1) + ch) * KK + e]; }
+        __syncthreads();
+        for (int i = 0; i < n; i++) { // forward over the chunk: Pb[i+1] = step(Pb[i])
+            long row = (long)bh * Tp + t0 + i;
+            const float* P = Pb + i * KK;
+            for (int a = threadIdx.x; a < K; a += blockDim.x) { kv[a] = tof(k[row * K + a]); }
+            __syncthreads();
+            float part = 0.0f;
+            for (int a = threadIdx.x; a < K; a += blockDim.x) {
+                float s = 0.0f;
+                for (int c = 0; c < K; c++) { s += P[a * K + c] * kv[c]; }
+                w[a] = s;
+                part += kv[a] * s;
+            }
+            float den = 1.0f + block_sum(part);
+            for (long e = threadIdx.x; e < KK; e += blockDim.x) { Pb[(i + 1) * KK + e] = P[e] - (w[e / K] / den) * w[e % K]; }
+            __syncthreads();
+        }
+        for (int i = n - 1; i >= 0; i--) {
+            long row = (long)bh * Tp + t0 + i;
+            const float* P = Pb + i * KK; // P_{t-1}
+            for (int a = threadIdx.x; a < K; a += blockDim.x) { kv[a] = tof(k[row * K + a]); }
+            __syncthreads();
+            float part = 0.0f;
+            for (int a = threadIdx.x; a < K; a += blockDim.x) {
+                float s = 0.0f;
+                for (int c = 0; c < K; c++) { s += P[a * K + c] * kv[c]; }
+                w[a] = s;
+                part += kv[a] * s;
+            }
+            float den = 1.0f + block_sum(part);
+            for (int a = threadIdx.x; a < K; a += blockDim.x) { kt[a] = w[a] / den; }
+            __syncthreads();
+            // P_t = P - kt wᵀ: dkt -= dP w; dw = -dPᵀ kt
+            float pd = 0.0f;
+            for (int a = threadIdx.x; a < K; a += blockDim.x) {
+                float s1 = 0.0f, s2 = 0.0f;
+                for (int c = 0; c < K; c++) { s1 += dP[a * K + c] * w[c]; s2 += dP[c * K + a] * kt[c]; }
+                dktl[a] = dkt[row * K + a] - s1;
+                dw[a] = -s2;
+                pd += dktl[a] * w[a];
+            }
+            // kt = w / den, den = 1 + k·w
+            float dden = -block_sum(pd) / (den * den);
+            if (threadIdx.x == 0) { sden = dden; }
+            __syncthreads();
+            for (int a = threadIdx.x; a < K; a += blockDim.x) {
+                dw[a] += dktl[a] / den + sden * kv[a];
+                dk[row * K + a] += sden * w[a];
+            }
+            __syncthreads();
+            // w = P k: dP += dw kᵀ, dk += Pᵀ dw
+            for (int c = threadIdx.x; c < K; c += blockDim.x) {
+                float s = 0.0f;
+                for (int a = 0; a < K; a++) { s += P[a * K + c] * dw[a]; }
+                dk[row * K + c] += s;
+            }
+            for (long e = threadIdx.x; e < KK; e += blockDim.x) { dP[e] += dw[e / K] * kv[e % K]; }
+            __syncthreads();
+        }
+    }
+}
+
+// 3c. the chunkwise delta rule (SPEC §4)
+//
+// forward, per chunk with start state S (K x V), G = inclusive cumsum of g inside the chunk, E_ij = exp(G_i - G_j):
+//   Mk = (K̂ K̃ᵀ ⊙ E) strictly lower, A = diag(beta) Mk, Tinv = (I + A)^-1
+//   X = diag(beta) (K̂ ⊙ e^G), Y = diag(beta) V, W = Tinv X, U = Tinv Y           (so V' = U - W S)
+//   Qg = Q̂ ⊙ e^G, Kd = K̃ ⊙ exp(G_n - G), P = (Q̂ K̃ᵀ ⊙ E) lower with the diagonal
+//   O = Qg S + P V',   S_next = e^G_n ⊙ S + Kdᵀ V'
+// (the CPU reference solves (I + A) V' = diag(beta)(V - (K̂ ⊙ e^G) S) by substitution: the same V'.)
+
+struct ChunkShape { int B, H, T, Tp, C, NC, K, V, gk; long nq; }; // gk: 0 none, 1 scalar, K channel; nq = B*H*NC
+
+// G (cumsum, hm (rows, gw) fp32), X, Y, Qg, Kd (hm floatX). One block per chunk.
+__global__ void chunk_prep_kernel(float* G, floatX* X, floatX* Y, floatX* Qg, floatX* Kd, const floatX* Q, const floatX* Kh,
+                                  const floatX* Kt, const floatX* Vv, const float* beta, const float* g, ChunkShape s) {
+    extern __shared__ float Gs[]; // C * gw
+    long q = blockIdx.x;
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    long r0 = q * C;
+    for (int c = threadIdx.x; c < gw; c += blockDim.x) {
+        float acc = 0.0f;
+        for (int i = 0; i < C; i++) {
+            acc += s.gk ? g[(r0 + i) * gw + c] : 0.0f;
+            Gs[i * gw + c] = acc;
+            if (s.gk) { G[(r0 + i) * gw + c] = acc; }
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+        int i = e / K, j = e % K, gc = s.gk == s.K && s.gk > 1 ? j : 0;
+        float gi = Gs[i * gw + gc], gn = Gs[(C - 1) * gw + gc];
+        float eg = s.gk ? expf(gi) : 1.0f, ed = s.gk ? expf(gn - gi) : 1.0f, b = beta[r0 + i];
+        long idx = (r0 + i) * K + j;
+        X[idx] = fromf<floatX>(b * tof(Kh[idx]) * eg);
+        Qg[idx] = fromf<floatX>(tof(Q[idx]) * eg);
+        Kd[idx] = fromf<floatX>(tof(Kt[idx]) * ed);
+    }
+    for (int e = threadIdx.x; e < C * V; e += blockDim.x) {
+        int i = e / V;
+        long idx = (r0 + i) * V + e % V;
+        Y[idx] = fromf<floatX>(beta[r0 + i] * tof(Vv[idx]));
+    }
+}
+
+// scalar / no decay: from raw Kh Ktᵀ and Q Ktᵀ (fp32, batched GEMMs), Mk = strict-lower ⊙ E, A = beta Mk,
+// P = lower-with-diagonal ⊙ E (floatX, a GEMM operand)
+__global__ void scores_mask_kernel(float* Mk, float* A, floatX* P, const float* Mraw, const float* Praw, const float* G,
+                                   const float* beta, ChunkShape s) {
+    long e = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    int C = s.C;
+    if (e >= s.nq * C * C) { return; }
+    long q = e / (C * C);
+    int i = (int)(e % (C * C)) / C, j = (int)(e % C);
+    float E = (s.gk && j <= i) ? expf(G[q * C + i] - G[q * C + j]) : 1.0f; // never above the diagonal: overflow
+    float m = j < i ? Mraw[e] * E : 0.0f;
+    Mk[e] = m;
+    A[e] = beta[q * C + i] * m;
+    P[e] = fromf<floatX>(j <= i ? Praw[e] * E : 0.0f);
+}
+
+// channel decay: every score carries a per-channel decay, Σ_c x_i[c] y_j[c] exp(G_i[c] - G_j[c]), computed
+// directly (the exponent is never split). One block per chunk; the chunk's K̂, K̃, Q̂, G sit in shared memory.
+__global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floatX* Q, const floatX* Kh, const floatX* Kt,
+                                      const float* G, const float* beta, ChunkShape s) {
+    extern __shared__ float sm[];
+    int C = s.C, K = s.K, ld = K + 1;
+    float *q_s = sm, *kh_s = q_s + C * ld, *kt_s = kh_s + C * ld, *g_s = kt_s + C * ld;
+    long q = blockIdx.x, r0 = q * C;
+    for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+        int i = e / K, c = e % K;
+        long idx = (r0 + i) * K + c;
+        q_s[i * ld + c] = tof(Q[idx]);
+        kh_s[i * ld + c] = tof(Kh[idx]);
+        kt_s[i * ld + c] = tof(Kt[idx]);
+        g_s[i * ld + c] = G[idx];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
+        int i = e / C, j = e % C;
+        float m = 0.0f, p = 0.0f;
+        if (j <= i) {
+            for (int c = 0; c < K; c++) {
+                float ex = expf(g_s[i * ld + c] - g_s[j * ld + c]) * kt_s[j * ld + c];
+                m += kh_s[i * ld + c] * ex;
+                p += q_s[i * ld + c] * ex;
+            }
+        }
+        long o = q * C * C + e;
+        m = j < i ? m : 0.0f;
+        Mk[o] = m;
+        A[o] = beta[r0 + i] * m;
+        P[o] = fromf<floatX>(p);
+    }
+}
+
+// Tinv = (I + A)^-1 for the unit lower-triangular I + A (fp32; also a floatX copy for the GEMMs).
+// Row i of Tinv = e_i - Σ_{k<i} A_ik Tinv_k; thread j owns column j.
+__global__ void tri_inverse_kernel(float* Tinv, floatX* Tx, const float* A, int C) {
+    extern __shared__ float sm[];
+    float *As = sm, *Ts = sm + C * C;
+    long q = blockIdx.x;
+    int j = threadIdx.x;
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) { As[e] = A[q * C * C + e]; Ts[e] = 0.0f; }
+    __syncthreads();
+    if (j < C) {
+        Ts[j * C + j] = 1.0f;
+        for (int i = j + 1; i < C; i++) {
+            float s = 0.0f;
+            for (int k = j; k < i; k++) { s += As[i * C + k] * Ts[k * C + j]; }
+            Ts[i * C + j] = -s; // column j only reads column j: no barrier needed
+        }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
+        Tinv[q * C * C + e] = Ts[e];
+        Tx[q * C * C + e] = fromf<floatX>(Ts[e]);
+    }
+}
+
+// The sequential part: one block per (b, h, V-tile of SCAN_BV columns), walking the chunks in order.
+// forward: hstate[c] = S; V'_c = U_c - W_c S; S = e^G_last ⊙ S + Kd_cᵀ V'_c. S (K x BV) fp32 in shared memory.
+#define SCAN_BV 32
+__global__ void state_forward_kernel(floatX* hstate, floatX* Vn, const floatX* W, const floatX* U, const floatX* Kd,
+                                     const float* G, const float* S0, float* S_final, ChunkShape s) {
+    extern __shared__ float sm[];
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, bv = min(SCAN_BV, V - v0);
+    float* S = sm;                       // K * SCAN_BV
+    float* Vp = S + K * SCAN_BV;         // C * SCAN_BV
+    float* Ws = Vp + C * SCAN_BV;        // C * (K+1)   (W, then Kd)
+    int ldw = K + 1;
+    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+        int a = e / SCAN_BV, c = e % SCAN_BV;
+        S[e] = (S0 && c < bv) ? S0[((long)bh * K + a) * V + v0 + c] : 0.0f;
+    }
+    __syncthreads();
+    for (int ch = 0; ch < s.NC; ch++) {
+        long q = (long)bh * s.NC + ch, r0 = q * C;
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            if (c < bv) { hstate[(q * K + a) * V + v0 + c] = fromf<floatX>(S[e]); }
+        }
+        for (int e = threadIdx.x; e < C * K; e += blockDim.x) { Ws[(e / K) * ldw + e % K] = tof(W[r0 * K + e]); }
+        __syncthreads();
+        // V'_c = U - W S
+        for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) {
+            int i = e / SCAN_BV, c = e % SCAN_BV;
+            float acc = c < bv ? tof(U[(r0 + i) * V + v0 + c]) : 0.0f;
+            for (int a = 0; a < K; a++) { acc -= Ws[i * ldw + a] * S[a * SCAN_BV + c]; }
+            floatX vx = fromf<floatX>(acc);
+            Vp[e] = tof(vx); // the state update uses V' as stored, like the output GEMM
+            if (c < bv) { Vn[(r0 + i) * V + v0 + c] = vx; }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < C * K; e += blockDim.x) { Ws[(e / K) * ldw + e % K] = tof(Kd[r0 * K + e]); }
+        __syncthreads();
+        // S = e^G_last ⊙ S + Kdᵀ V'
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            float gl = s.gk ? G[(r0 + C - 1) * gw + (gw > 1 ? a : 0)] : 0.0f;
+            float acc = expf(gl) * S[e];
+            for (int i = 0; i < C; i++) { acc += Ws[i * ldw + a] * Vp[i * SCAN_BV + c]; }
+            S[e] = acc;
+        }
+        __syncthreads();
+    }
+    if (S_final) {
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            if (c < bv) { S_final[((long)bh * K + a) * V + v0 + c] = S[e]; }
+        }
+    }
+}
+
+// backward of the scan, walking the chunks in reverse with dS = dL/d(state at the chunk's end):
+//   dhstate[c] = dS;  dV'_c = dVloc_c + Kd_c dS;  dS = e^G_last ⊙ dS + Qg_cᵀ dO_c - W_cᵀ dV'_c
+// dVloc = Pᵀ dO (batched GEMM before). dS0 (B,H,K,V) optional.
+__global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float* dVloc, const floatX* dO, const floatX* W,
+                                      const floatX* Qg, const floatX* Kd, const float* G, float* dS0, ChunkShape s) {
+    extern __shared__ float sm[];
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, bv = min(SCAN_BV, V - v0);
+    float* dS = sm;                      // K * SCAN_BV
+    float* dVp = dS + K * SCAN_BV;       // C * SCAN_BV
+    float* dOs = dVp + C * SCAN_BV;      // C * SCAN_BV
+    float* Ms = dOs + C * SCAN_BV;       // C * (K+1): Kd, then Qg, then W
+    float* Ns = Ms + C * (K + 1);        // C * (K+1)
+    int ldw = K + 1;
+    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dS[e] = 0.0f; }
+    __syncthreads();
+    for (int ch = s.NC - 1; ch >= 0; ch--) {
+        long q = (long)bh * s.NC + ch, r0 = q * C;
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            if (c < bv) { dhstate[(q * K + a) * V + v0 + c] = fromf<floatX>(dS[e]); }
+        }
+        for (int e = threadIdx.x; e < C * K; e += blockDim.x) { Ms[(e / K) * ldw + e % K] = tof(Kd[r0 * K + e]); }
+        for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) {
+            int i = e / SCAN_BV, c = e % SCAN_BV;
+            dOs[e] = c < bv ? tof(dO[(r0 + i) * V + v0 + c]) : 0.0f;
+        }
+        __syncthreads();
+        // dV' = dVloc + Kd dS
+        for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) {
+            int i = e / SCAN_BV, c = e % SCAN_BV;
+            float acc = c < bv ? dVloc[(r0 + i) * V + v0 + c] : 0.0f;
+            for (int a = 0; a < K; a++) { acc += Ms[i * ldw + a] * dS[a * SCAN_BV + c]; }
+            floatX dx = fromf<floatX>(acc);
+            dVp[e] = tof(dx);
+            if (c < bv) { dVn[(r0 + i) * V + v0 + c] = dx; }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+            Ms[(e / K) * ldw + e % K] = tof(Qg[r0 * K + e]);
+            Ns[(e / K) * ldw + e % K] = tof(W[r0 * K + e]);
+        }
+        __syncthreads();
+        // dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            float gl = s.gk ? G[(r0 + C - 1) * gw + (gw > 1 ? a : 0)] : 0.0f;
+            float acc = expf(gl) * dS[e];
+            for (int i = 0; i < C; i++) { acc += Ms[i * ldw + a] * dOs[i * SCAN_BV + c] - Ns[i * ldw + a] * dVp[i * SCAN_BV + c]; }
+            dS[e] = acc;
+        }
+        __syncthreads();
+    }
+    if (dS0) {
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            if (c < bv) { dS0[((long)bh * K + a) * V + v0 + c] = dS[e]; }
+        }
+    }
+}
+
+// scalar / no decay: dPm = lower-with-diagonal(dP) ⊙ E (floatX); from dA (fp32, the sum of the two GEMMs):
+// strict lower, dbetaA_i = Σ_j dA_ij Mk_ij, dMm = beta_i dA ⊙ E (floatX). One warp per row.
+__global__ void bwd_scores_mask_kernel(floatX* dPm, floatX* dMm, float* dbetaA, const float* dP, const float* dA,
+                                       const float* Mk, const float* G, const float* beta, ChunkShape s) {
+    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32, C = s.C;
+    if (row >= s.nq * C) { return; }
+    long q = row / C;
+    int i = (int)(row % C);
+    float b = beta[row], db = 0.0f;
+    for (int j = lane; j < C; j += 32) {
+        long e = row * C + j;
+        // E only inside the mask: above the diagonal G_i - G_j > 0 and exp can overflow (0 * inf = NaN)
+        float E = (s.gk && j <= i) ? expf(G[row] - G[q * C + j]) : 1.0f;
+        dPm[e] = fromf<floatX>(j <= i ? dP[e] * E : 0.0f);
+        float da = j < i ? dA[e] : 0.0f;
+        db += da * Mk[e];
+        dMm[e] = fromf<floatX>(b * da * E);
+    }
+    db = warp_sum(db);
+    if (lane == 0) { dbetaA[row] = db; }
+}
+
+// channel decay: the same products with a per-channel decay inside, so no GEMM:
+//   dq_i += Σ_j dP_ij E_ij ⊙ k̃_j,  dk̃_j += Σ_i dP_ij E_ij ⊙ q̂_i   (j <= i)
+//   dk̂_i += Σ_j dM_ij E_ij ⊙ k̃_j,  dk̃_j += Σ_i dM_ij E_ij ⊙ k̂_i   (j < i), dM = beta_i dA_ij
+// One block per chunk; thread per (row, channel) for the row sums, then per (column, channel).
+__global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float* dkt_s, float* dbetaA, const float* dP,
+                                               const float* dA, const float* Mk, const floatX* Q, const floatX* Kh,
+                                               const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
+    extern __shared__ float sm[];
+    int C = s.C, K = s.K, ld = K + 1;
+    float *q_s = sm, *kh_s = q_s + C * ld, *kt_s = kh_s + C * ld, *g_s = kt_s + C * ld, *dp_s = g_s + C * ld, *dm_s = dp_s + C * C;
+    long q = blockIdx.x, r0 = q * C;
+    for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+        int i = e / K, c = e % K;
+        long idx = (r0 + i) * K + c;
+        q_s[i * ld + c] = tof(Q[idx]);
+        kh_s[i * ld + c] = tof(Kh[idx]);
+        kt_s[i * ld + c] = tof(Kt[idx]);
+        g_s[i * ld + c] = G[idx];
+    }
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
+        int i = e / C, j = e % C;
+        dp_s[e] = j <= i ? dP[q * C * C + e] : 0.0f;
+        dm_s[e] = j < i ? beta[r0 + i] * dA[q * C * C + e] : 0.0f;
+    }
+    __syncthreads();
+    if (threadIdx.x < C) { // dbeta from A = beta Mk, one thread per row
+        int i = threadIdx.x;
+        float db = 0.0f;
+        for (int j = 0; j < i; j++) { db += dA[q * C * C + i * C + j] * Mk[q * C * C + i * C + j]; }
+        dbetaA[r0 + i] = db;
+    }
+    for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+        int i = e / K, c = e % K;
+        float gi = g_s[i * ld + c], aq = 0.0f, ak = 0.0f, at = 0.0f;
+        for (int j = 0; j <= i; j++) { // row i: dq, dk̂
+            float ex = expf(gi - g_s[j * ld + c]) * kt_s[j * ld + c];
+            aq += dp_s[i * C + j] * ex;
+            ak += dm_s[i * C + j] * ex;
+        }
+        for (int r = i; r < C; r++) { // column i: dk̃_i
+            float ex = expf(g_s[r * ld + c] - gi);
+            at += (dp_s[r * C + i] * q_s[r * ld + c] + dm_s[r * C + i] * kh_s[r * ld + c]) * ex;
+        }
+        long idx = (r0 + i) * K + c;
+        dq_s[idx] = aq;
+        dkh_s[idx] = ak;
+        dkt_s[idx] = at;
+    }
+}
+
+// Combine one chunk's gradients (all hm fp32 outputs written, not accumulated):
+//   dq = dQg ⊙ e^G + dq_s;  dk̂ = beta dX ⊙ e^G + dkh_s (+ dk̃ without a preconditioner);  dk̃ = dkt_s + dKd ⊙ exp(G_n - G)
+//   dv = beta dY;  dbeta = Σ dX ⊙ K̂e^G + Σ dY ⊙ V + dbetaA
+//   dG_i = q̂_i ⊙ dq_i + k̂_i ⊙ dk̂_i - k̃_i ⊙ dk̃_i, plus at i = n: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) + e^G_n ⊙ Σ_v dS ⊙ S
+//   dg = reverse cumsum of dG inside the chunk (summed over channels for a scalar decay)
+__global__ void bwd_finish_kernel(float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg,
+                                  const float* dQg, const float* dq_s, const float* dX, const float* dkh_s, const float* dkt_s,
+                                  const float* dKd, const float* dY, const float* dbetaA, const floatX* Q, const floatX* Kh,
+                                  const floatX* Kt, const floatX* Vv, const float* G, const float* beta,
+                                  const floatX* hstate, const floatX* dhstate, int fold_kt, ChunkShape s) {
+    extern __shared__ float sm[];
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, chan = s.gk > 1;
+    float* Gc = sm;              // C * K: per-element dG contributions
+    float* Kx = Gc + C * K;      // C * K: k̃ ⊙ (dKd exp(G_n - G)), for the last row's extra term
+    float* extra = Kx + C * K;   // K
+    float* rows = extra + K;     // C: scalar decay, dG per row
+    long q = blockIdx.x, r0 = q * C;
+    int n1 = C - 1;
+    for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
+        int i = e / K, c = e % K, gc = chan ? c : 0;
+        long idx = (r0 + i) * K + c;
+        float eg = 1.0f, ed = 1.0f;
+        if (s.gk) { float gi = G[(r0 + i) * gw + gc]; eg = expf(gi); ed = expf(G[(r0 + n1) * gw + gc] - gi); }
+        float b = beta[r0 + i], qv = tof(Q[idx]), khv = tof(Kh[idx]), ktv = tof(Kt[idx]);
+        float dqv = dQg[idx] * eg + dq_s[idx];
+        float dkd = dKd[idx] * ed;
+        float dktv = dkt_s[idx] + dkd;
+        float dkhv = b * dX[idx] * eg + dkh_s[idx];
+        dq[idx] = dqv;
+        dkt[idx] = dktv;
+        dkh[idx] = fold_kt ? dkhv + dktv : dkhv;
+        Gc[e] = qv * dqv + khv * dkhv - ktv * dktv;
+        Kx[e] = ktv * dkd;
+    }
+    for (int e = threadIdx.x; e < C * V; e += blockDim.x) {
+        long idx = (r0 + e / V) * V + e % V;
+        dv[idx] = beta[r0 + e / V] * dY[idx];
+    }
+    __syncthreads();
+    if (s.gk) {
+        // the last row's extra terms, per channel: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) and e^G_n ⊙ Σ_v dS ⊙ S
+        for (int a = threadIdx.x; a < K; a += blockDim.x) {
+            float sum = 0.0f, kx = 0.0f;
+            for (int c = 0; c < V; c++) { sum += tof(dhstate[(q * K + a) * V + c]) * tof(hstate[(q * K + a) * V + c]); }
+            for (int i = 0; i < C; i++) { kx += Kx[i * K + a]; }
+            extra[a] = kx + expf(G[(r0 + n1) * gw + (chan ? a : 0)]) * sum;
+        }
+        __syncthreads();
+        if (chan) {
+            for (int a = threadIdx.x; a < K; a += blockDim.x) {
+                float acc = extra[a];
+                for (int i = n1; i >= 0; i--) { acc += Gc[i * K + a]; dg[(r0 + i) * K + a] = acc; }
+            }
+        } else {
+            for (int i = threadIdx.x; i < C; i += blockDim.x) {
+                float sr = 0.0f;
+                for (int a = 0; a < K; a++) { sr += Gc[i * K + a]; }
+                rows[i] = sr;
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float acc = 0.0f;
+                for (int a = 0; a < K; a++) { acc += extra[a]; }
+                for (int i = n1; i >= 0; i--) { acc += rows[i]; dg[r0 + i] = acc; }
+            }
+        }
+    }
+    // dbeta_i = Σ_c dX ⊙ K̂ e^G + Σ_v dY ⊙ V + dbetaA, one warp per row
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int i = warp; i < C; i += nw) {
+        float sacc = 0.0f;
+        for (int c = lane; c < K; c += 32) {
+            long idx = (r0 + i) * K + c;
+            float eg = s.gk ? expf(G[(r0 + i) * gw + (chan ? c : 0)]) : 1.0f;
+            sacc += dX[idx] * tof(Kh[idx]) * eg;
+        }
+        for (int c = lane; c < V; c += 32) { sacc += dY[(r0 + i) * V + c] * tof(Vv[(r0 + i) * V + c]); }
+        sacc = warp_sum(sacc);
+        if (lane == 0) { dbeta[r0 + i] = sacc + dbetaA[r0 + i]; }
+    }
+}
+
+// floatX copy of an fp32 buffer
+__global__ void to_floatX_kernel(floatX* out, const float* in, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] = fromf<floatX>(in[i]); }
+}
+static void to_floatX(floatX* out, const float* in, long n) {
+    to_floatX_kernel<<<cdiv(n, 256), 256, 0, main_stream>>>(out, in, n);
+    cudaCheck(cudaGetLastError());
+}
+
+// Per-layer mixer tensors kept from the forward for the backward (head-major padded unless noted)
+struct MixerSaved {
+    float *G, *Mk;                  // (rows, gw) cumsum; (nq, C, C) decayed K̂K̃ᵀ, strictly lower
+    floatX *Tx, *P;                 // (nq, C, C) (I + A)^-1 and the decayed Q̂K̃ᵀ
+    floatX *W, *U, *Qg, *Kd, *Vn;   // (rows, K | V)
+    floatX* hstate;                 // (nq, K, V) state at each chunk start
+    float* O;                       // (rows, V) mixer output
+};
+
+// scratch shared by all layers
+struct MixerScratch {
+    float *Mraw, *Praw, *A, *Tinv;                  // (nq, C, C)
+    floatX *X, *Y;                                  // (rows, K | V)
+    float *dVloc, *dQg, *dKd, *dW, *dX, *dY;        // (rows, V | K)
+    floatX *dhstate, *dVn, *dWx, *dXx, *dYx;
+    float *dP, *dA, *dbetaA;
+    floatX *dPm, *dMm;
+    float *dq_s, *dkh_s, *dkt_s;
+};
+
+static size_t smem_scores_channel(const ChunkShape& s) { return (size_t)4 * s.C * (s.K + 1) * sizeof(float); }
+static size_t smem_scores_channel_bwd(const ChunkShape& s) { return (size_t)(4 * s.C * (s.K + 1) + 2 * s.C * s.C) * sizeof(float); }
+static size_t smem_state_fwd(const ChunkShape& s) { return (size_t)(s.K * SCAN_BV + s.C * SCAN_BV + s.C * (s.K + 1)) * sizeof(float); }
+static size_t smem_state_bwd(const ChunkShape& s) { return (size_t)(s.K * SCAN_BV + 2 * s.C * SCAN_BV + 2 * s.C * (s.K + 1)) * sizeof(float); }
+static size_t smem_finish(const ChunkShape& s) { return (size_t)(2 * s.C * s.K + s.K + s.C) * sizeof(float); }
+
+// raise the dynamic shared-memory limits once (above 48 KB needs an opt-in); the limit is what the device allows a
+// block minus the kernel's own static shared memory
+template <typename F> static void allow_dynamic_smem(F* kernel, int optin) {
+    cudaFuncAttributes at;
+    cudaCheck(cudaFuncGetAttributes(&at, (const void*)kernel));
+    cudaCheck(cudaFuncSetAttribute((const void*)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - (int)at.sharedSizeBytes));
+}
+static void mixer_kernel_setup(void) {
+    int optin = 0;
+    cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    allow_dynamic_smem(scores_channel_kernel, optin);
+    allow_dynamic_smem(scores_channel_backward_kernel, optin);
+    allow_dynamic_smem(state_forward_kernel, optin);
+    allow_dynamic_smem(state_backward_kernel, optin);
+    allow_dynamic_smem(bwd_finish_kernel, optin);
+    allow_dynamic_smem(precond_exact_forward_kernel, optin);
+    allow_dynamic_smem(precond_exact_backward_kernel, optin);
+}
+
+// Forward of the mixer core: Q (q̂ scaled), Kh (k̂), Kt (k̃), Vv, beta, g (null without decay) -> sv->O (and the
+// tensors the backward needs). S0 / S_final (B,H,K,V fp32) optional (generation).
+static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* Q, const floatX* Kh, const floatX* Kt,
+                                const floatX* Vv, const float* beta, const float* g, const float* S0, float* S_final,
+                                const ChunkShape& s) {
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V;
+    int nq = (int)s.nq;
+    {
+    PROF("mixer.fwd.prep");
+    chunk_prep_kernel<<<nq, 256, C * gw * sizeof(float), main_stream>>>(sv->G, sc->X, sc->Y, sv->Qg, sv->Kd, Q, Kh, Kt, Vv,
+                                                                       beta, s.gk ? g : nullptr, s);
+    cudaCheck(cudaGetLastError());
+    }
+    {
+    PROF("mixer.fwd.scores");
+    if (s.gk > 1) {
+        scores_channel_kernel<<<nq, 256, smem_scores_channel(s), main_stream>>>(sv->Mk, sc->A, sv->P, Q, Kh, Kt, sv->G, beta, s);
+    } else {
+        bgemm(false, true, C, C, K, Kh, K, CK, Kt, K, CK, sc->Mraw, true, C, CC, nq, 1.0f, 0.0f);
+        bgemm(false, true, C, C, K, Q, K, CK, Kt, K, CK, sc->Praw, true, C, CC, nq, 1.0f, 0.0f);
+        scores_mask_kernel<<<cdiv(s.nq * CC, 256), 256, 0, main_stream>>>(sv->Mk, sc->A, sv->P, sc->Mraw, sc->Praw, sv->G, beta, s);
+    }
+    cudaCheck(cudaGetLastError());
+    }
+    {
+    PROF("mixer.fwd.inverse");
+    tri_inverse_kernel<<<nq, 64, 2 * CC * sizeof(float), main_stream>>>(sc->Tinv, sv->Tx, sc->A, C);
+    cudaCheck(cudaGetLastError());
+    }
+    {
+    PROF("mixer.fwd.gemms");
+    bgemm(false, false, C, K, C, sv->Tx, C, CC, sc->X, K, CK, sv->W, false, K, CK, nq, 1.0f, 0.0f);
+    bgemm(false, false, C, V, C, sv->Tx, C, CC, sc->Y, V, CV, sv->U, false, V, CV, nq, 1.0f, 0.0f);
+    }
+    {
+    PROF("mixer.fwd.scan");
+    state_forward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_fwd(s), main_stream>>>(
+        sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
+    cudaCheck(cudaGetLastError());
+    }
+    PROF("mixer.fwd.gemms");
+    bgemm(false, false, C, V, K, sv->Qg, K, CK, sv->hstate, V, KV, sv->O, true, V, CV, nq, 1.0f, 0.0f);
+    bgemm(false, false, C, V, C, sv->P, C, CC, sv->Vn, V, CV, sv->O, true, V, CV, nq, 1.0f, 1.0f);
+}
+
+// Backward of the mixer core from dO (hm floatX, zero in padded rows). Writes (not accumulates) dq, dkh, dkt,
+// dv (hm fp32), dbeta (rows), dg (rows, gw; if gk). fold_kt: no preconditioner, so k̃ = k̂ and dkh gets dkt too.
+static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg, MixerScratch* sc,
+                                 const MixerSaved* sv, const floatX* dO, const floatX* Q, const floatX* Kh, const floatX* Kt,
+                                 const floatX* Vv, const float* beta, int fold_kt, const ChunkShape& s) {
+    int C = s.C, K = s.K, V = s.V;
+    long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V, rows = s.nq * C;
+    int nq = (int)s.nq;
+    {
+    PROF("mixer.bwd.gemms");
+    bgemm(true, false, C, V, C, sv->P, C, CC, dO, V, CV, sc->dVloc, true, V, CV, nq, 1.0f, 0.0f);
+    }
+    {
+    PROF("mixer.bwd.scan");
+    state_backward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_bwd(s), main_stream>>>(
+        sc->dhstate, sc->dVn, sc->dVloc, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
+    cudaCheck(cudaGetLastError());
+    }
+    {
+    PROF("mixer.bwd.gemms");
+    bgemm(false, true, C, K, V, dO, V, CV, sv->hstate, V, KV, sc->dQg, true, K, CK, nq, 1.0f, 0.0f);
+    bgemm(false, true, C, C, V, dO, V, CV, sv->Vn, V, CV, sc->dP, true, C, CC, nq, 1.0f, 0.0f);
+    bgemm(false, true, C, K, V, sv->Vn, V, CV, sc->dhstate, V, KV, sc->dKd, true, K, CK, nq, 1.0f, 0.0f);
+    bgemm(false, true, C, K, V, sc->dVn, V, CV, sv->hstate, V, KV, sc->dW, true, K, CK, nq, -1.0f, 0.0f);
+    to_floatX(sc->dWx, sc->dW, rows * K);
+    bgemm(true, false, C, K, C, sv->Tx, C, CC, sc->dWx, K, CK, sc->dX, true, K, CK, nq, 1.0f, 0.0f);
+    bgemm(true, false, C, V, C, sv->Tx, C, CC, sc->dVn, V, CV, sc->dY, true, V, CV, nq, 1.0f, 0.0f);
+    to_floatX(sc->dXx, sc->dX, rows * K);
+    to_floatX(sc->dYx, sc->dY, rows * V);
+    bgemm(false, true, C, C, K, sc->dXx, K, CK, sv->W, K, CK, sc->dA, true, C, CC, nq, -1.0f, 0.0f);
+    bgemm(false, true, C, C, V, sc->dYx, V, CV, sv->U, V, CV, sc->dA, true, C, CC, nq, -1.0f, 1.0f);
+    }
+    {
+    PROF("mixer.bwd.scores");
+    if (s.gk > 1) {
+        scores_channel_backward_kernel<<<nq, 256, smem_scores_channel_bwd(s), main_stream>>>(
+            sc->dq_s, sc->dkh_s, sc->dkt_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Q, Kh, Kt, sv->G, beta, s);
+        cudaCheck(cudaGetLastError());
+    } else {
+        bwd_scores_mask_kernel<<<cdiv(rows, 8), 256, 0, main_stream>>>(sc->dPm, sc->dMm, sc->dbetaA, sc->dP, sc->dA, sv->Mk,
+                                                                       sv->G, beta, s);
+        cudaCheck(cudaGetLastError());
+        bgemm(false, false, C, K, C, sc->dPm, C, CC, Kt, K, CK, sc->dq_s, true, K, CK, nq, 1.0f, 0.0f);
+        bgemm(true, false, C, K, C, sc->dPm, C, CC, Q, K, CK, sc->dkt_s, true, K, CK, nq, 1.0f, 0.0f);
+        bgemm(false, false, C, K, C, sc->dMm, C, CC, Kt, K, CK, sc->dkh_s, true, K, CK, nq, 1.0f, 0.0f);
+        bgemm(true, false, C, K, C, sc->dMm, C, CC, Kh, K, CK, sc->dkt_s, true, K, CK, nq, 1.0f, 1.0f);
+    }
+    }
+    PROF("mixer.bwd.finish");
+    bwd_finish_kernel<<<nq, 256, smem_finish(s), main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX,
+                                                                sc->dkh_s, sc->dkt_s, sc->dKd, sc->dY, sc->dbetaA, Q, Kh, Kt,
+                                                                Vv, sv->G, beta, sv->hstate, sc->dhstate, fold_kt, s);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 4. the model
+
+struct Model {
+    PdnConfig cfg;
+    PdnLayout lay;
+    floatX* params;      // (num_elems) the flat buffer of pdn.h, floatX
+    float* master;       // fp32 master weights (what checkpoints store)
+    float* grads;        // fp32
+    float* m;            // AdamW moments, fp32
+    float* v;
+    int C;               // chunk size
+    uint64_t seed;       // for the per-tensor rounding seeds
+};
+
+// per-tensor, per-step seed of the stochastic rounding: the same step gives the same bf16 parameters, so a resumed
+// run re-creates them exactly from the fp32 master weights
+static unsigned int tensor_seed(uint64_t seed, long step, int tensor) {
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + (uint64_t)step * 1000003ull + (uint64_t)tensor * 7919ull;
+    return (unsigned int)(splitmix64(&x) >> 32);
+}
+
+static void round_params(Model* m, long step) {
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        const PdnTensor* t = &m->lay.t[i];
+        if (!t->numel) { continue; }
+        round_params_kernel<<<cdiv(t->numel, 256), 256, 0, main_stream>>>(m->params + t->offset, m->master + t->offset,
+                                                                          (long)t->numel, tensor_seed(m->seed, step, i));
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+static void model_init(Model* m, const PdnConfig* c, int C, uint64_t seed) {
+    memset(m, 0, sizeof(*m));
+    m->cfg = *c;
+    pdn_build_layout(c, &m->lay);
+    m->C = C;
+    m->seed = seed;
+    size_t n = m->lay.num_elems;
+    cudaCheck(cudaMalloc(&m->params, n * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&m->master, n * sizeof(float)));
+    cudaCheck(cudaMalloc(&m->grads, n * sizeof(float)));
+    cudaCheck(cudaMalloc(&m->m, n * sizeof(float)));
+    cudaCheck(cudaMalloc(&m->v, n * sizeof(float)));
+    cudaCheck(cudaMemset(m->params, 0, n * sizeof(floatX)));
+    cudaCheck(cudaMemset(m->grads, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(m->m, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(m->v, 0, n * sizeof(float)));
+}
+
+// upload fp32 master weights from the host and derive the floatX parameters of `step`
+static void model_set_master(Model* m, const float* host, long step) {
+    cudaCheck(cudaMemcpy(m->master, host, m->lay.num_elems * sizeof(float), cudaMemcpyHostToDevice));
+    round_params(m, step);
+}
+
+static void model_free(Model* m) {
+    cudaCheck(cudaFree(m->params)); cudaCheck(cudaFree(m->master)); cudaCheck(cudaFree(m->grads));
+    cudaCheck(cudaFree(m->m)); cudaCheck(cudaFree(m->v));
+}
+
+struct LayerActs {
+    floatX* ln1; float* ln1_rstd;              // (N, d), (N)
+    floatX *qp, *kp, *vp;                      // projections
+    floatX *qc, *kc, *vc;                      // conv outputs before SiLU
+    floatX *qs, *ks;                           // SiLU outputs of q, k (token-major)
+    floatX *qn, *kn, *kt, *v;                  // hm: q̂ (scaled), k̂, k̃ (= kn without preconditioner), v
+    float *q_rstd, *k_rstd;                    // (N, H)
+    floatX* beta_pre; float* beta;             // (N, H); hm rows
+    floatX *f1, *g_pre; float* g;              // (N, V); (N, H*gw); hm (rows, gw)
+    floatX *gp_pre, *bp_pre; float *gp, *betap, *astat, *pstate;
+    MixerSaved mx;
+    floatX* on; float* o_rstd;                 // (N, HV), (N*H)
+    floatX *g1, *gz, *og;                      // output gate; og = on without it
+    floatX *h, *ln2; float* ln2_rstd;          // (N, d)
+    floatX *mg, *mu, *ma;                      // (N, I)
+};
+
+struct GradBufs {
+    float *dresid, *dh, *dln1, *dln2, *dma, *dog, *dgz_f, *dg1, *df1, *dlnf, *wprod;
+    floatX *dresid_x, *dh_x, *dmg_x, *dmu_x, *dgz_x, *dg1_x, *df1_x, *dO_x, *dqp_x, *dkp_x, *dvp_x;
+    floatX *dbeta_pre_x, *dg_pre_x, *dgp_pre_x, *dbp_pre_x;
+    float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *cg, *cb, *dc, *dqs, *dks, *dg_pre_f, *alog_prod, *pbuf;
+    int *bucket_tok, *bucket_start, *bucket_pos;
+};
+
+struct Acts {
+    int B, T, Tp, NC;
+    ChunkShape cs;
+    Arena arena;
+    std::vector<LayerActs> L;
+    floatX* resid;                // (L+1, N, d)
+    floatX* lnf; float* lnf_rstd;
+    floatX* logits; float* losses; int* argmax;
+    floatX *ymix, *ymlp;          // (N, d) W_o and W_down outputs
+    int *tokens, *targets;        // (N) device copies of the batch
+    MixerScratch sc;
+    int with_grads;
+    GradBufs gb;
+};
+
+static int decay_width(const PdnConfig* c) { return c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : c->head_k; }
+
+static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
+    const PdnConfig* c = &m->cfg;
+    Acts a;
+    a.B = B; a.T = T; a.with_grads = with_grads;
+    int C = m->C, NC = (T + C - 1) / C, Tp = NC * C;
+    a.Tp = Tp; a.NC = NC;
+    int d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c), I = c->mlp_hidden, L = c->n_layer;
+    int gk = decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V, cs = c->conv_size;
+    a.cs = ChunkShape{B, H, T, Tp, C, NC, K, V, gk, (long)B * H * NC};
+    long N = (long)B * T, rows = (long)B * H * Tp, nq = a.cs.nq, CC = (long)C * C;
+    int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
+    Arena& ar = a.arena;
+    a.L.resize(L);
+    ar.add(&a.resid, (L + 1) * N * d);
+    for (int l = 0; l < L; l++) {
+        LayerActs& la = a.L[l];
+        memset(&la, 0, sizeof(la));
+        ar.add(&la.ln1, N * d); ar.add(&la.ln1_rstd, N);
+        ar.add(&la.qp, N * HK); ar.add(&la.kp, N * HK); ar.add(&la.vp, N * HV);
+        ar.add(&la.qc, N * HK); ar.add(&la.kc, N * HK); ar.add(&la.vc, N * HV);
+        ar.add(&la.qs, N * HK); ar.add(&la.ks, N * HK);
+        ar.add(&la.qn, rows * K); ar.add(&la.kn, rows * K); ar.add(&la.v, rows * V);
+        if (diag || exact) { ar.add(&la.kt, rows * K); }
+        ar.add(&la.q_rstd, N * H); ar.add(&la.k_rstd, N * H);
+        ar.add(&la.beta_pre, N * H); ar.add(&la.beta, rows);
+        if (chan) { ar.add(&la.f1, N * V); }
+        if (gk) { ar.add(&la.g_pre, N * H * gw); ar.add(&la.g, rows * gw); }
+        if (diag) {
+            ar.add(&la.gp_pre, N * H); ar.add(&la.bp_pre, N * H); ar.add(&la.gp, rows); ar.add(&la.betap, rows);
+            ar.add(&la.astat, rows * K);
+        }
+        if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * K * K); }
+        MixerSaved& mx = la.mx;
+        ar.add(&mx.G, rows * gw); ar.add(&mx.Mk, nq * CC); ar.add(&mx.Tx, nq * CC); ar.add(&mx.P, nq * CC);
+        ar.add(&mx.W, rows * K); ar.add(&mx.U, rows * V); ar.add(&mx.Qg, rows * K); ar.add(&mx.Kd, rows * K);
+        ar.add(&mx.Vn, rows * V); ar.add(&mx.hstate, nq * K * V); ar.add(&mx.O, rows * V);
+        ar.add(&la.on, N * HV); ar.add(&la.o_rstd, N * H);
+        if (c->out_gate) { ar.add(&la.g1, N * V); ar.add(&la.gz, N * HV); ar.add(&la.og, N * HV); }
+        ar.add(&la.h, N * d); ar.add(&la.ln2, N * d); ar.add(&la.ln2_rstd, N);
+        ar.add(&la.mg, N * I); ar.add(&la.mu, N * I); ar.add(&la.ma, N * I);
+    }
+    ar.add(&a.lnf, N * d); ar.add(&a.lnf_rstd, N);
+    ar.add(&a.logits, N * c->vocab_size); ar.add(&a.losses, N); ar.add(&a.argmax, N);
+    ar.add(&a.ymix, N * d); ar.add(&a.ymlp, N * d);
+    ar.add(&a.tokens, N); ar.add(&a.targets, N);
+    MixerScratch& sc = a.sc;
+    memset(&sc, 0, sizeof(sc));
+    ar.add(&sc.Mraw, nq * CC); ar.add(&sc.Praw, nq * CC); ar.add(&sc.A, nq * CC); ar.add(&sc.Tinv, nq * CC);
+    ar.add(&sc.X, rows * K); ar.add(&sc.Y, rows * V);
+    GradBufs& g = a.gb;
+    memset(&g, 0, sizeof(g));
+    if (with_grads) {
+        ar.add(&sc.dVloc, rows * V); ar.add(&sc.dQg, rows * K); ar.add(&sc.dKd, rows * K); ar.add(&sc.dW, rows * K);
+        ar.add(&sc.dX, rows * K); ar.add(&sc.dY, rows * V); ar.add(&sc.dhstate, nq * K * V); ar.add(&sc.dVn, rows * V);
+        ar.add(&sc.dWx, rows * K); ar.add(&sc.dXx, rows * K); ar.add(&sc.dYx, rows * V);
+        ar.add(&sc.dP, nq * CC); ar.add(&sc.dA, nq * CC); ar.add(&sc.dbetaA, rows);
+        ar.add(&sc.dPm, nq * CC); ar.add(&sc.dMm, nq * CC);
+        ar.add(&sc.dq_s, rows * K); ar.add(&sc.dkh_s, rows * K); ar.add(&sc.dkt_s, rows * K);
+        long wp = N * std::max({(long)d, (long)HK * cs, (long)HV * cs, (long)HV, (long)I});
+        ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln1, N * d); ar.add(&g.dln2, N * d);
+        ar.add(&g.dma, N * I); ar.add(&g.dog, N * HV); ar.add(&g.dlnf, N * d); ar.add(&g.wprod, wp);
+        ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
+        ar.add(&g.dO_x, rows * V); ar.add(&g.dqp_x, N * HK); ar.add(&g.dkp_x, N * HK); ar.add(&g.dvp_x, N * HV);
+        ar.add(&g.dbeta_pre_x, N * H);
+        if (c->out_gate) { ar.add(&g.dgz_f, N * HV); ar.add(&g.dgz_x, N * HV); ar.add(&g.dg1, N * V); ar.add(&g.dg1_x, N * V); }
+        if (chan) { ar.add(&g.df1, N * V); ar.add(&g.df1_x, N * V); }
+        if (gk) { ar.add(&g.dg_pre_x, N * H * gw); ar.add(&g.dg, rows * gw); }
+        ar.add(&g.dg_pre_f, N * H * gw);
+        ar.add(&g.alog_prod, N * H);
+        if (diag) {
+            ar.add(&g.dgp_pre_x, N * H); ar.add(&g.dbp_pre_x, N * H); ar.add(&g.dgp, rows); ar.add(&g.dbp, rows);
+            ar.add(&g.cg, rows * K); ar.add(&g.cb, rows * K); ar.add(&g.dc, (long)B * H);
+        }
+        if (exact) { ar.add(&g.pbuf, (long)B * H * (C + 1) * K * K); }
+        ar.add(&g.dq, rows * K); ar.add(&g.dkh, rows * K); ar.add(&g.dkt, rows * K); ar.add(&g.dv, rows * V);
+        ar.add(&g.dbeta, rows); ar.add(&g.dqs, N * HK); ar.add(&g.dks, N * HK);
+        ar.add(&g.bucket_tok, N); ar.add(&g.bucket_start, N + 1); ar.add(&g.bucket_pos, N);
+    }
+    ar.alloc();
+    for (int l = 0; l < L; l++) {
+        if (!(diag || exact)) { a.L[l].kt = a.L[l].kn; }
+        if (!c->out_gate) { a.L[l].og = a.L[l].on; }
+    }
+    return a;
+}
+
+static void acts_free(Acts* a) { a->arena.release(); }
+
+// Recurrent state for generation: everything a layer needs to continue a sequence (device)
+struct RecState {
+    int B;
+    floatX *hq, *hk, *hv;   // (L, B, cs-1, HK | HK | HV)
+    float *S, *a, *P;       // (L, B, H, K, V), (L, B, H, K), (L, B, H, K, K)
+    Arena arena;
+};
+
+static RecState recstate_alloc(const PdnConfig* c, int B) {
+    RecState r;
+    r.B = B;
+    long L = c->n_layer, H = c->n_head, K = c->head_k, V = pdn_head_v(c), cs1 = c->conv_size - 1;
+    r.arena.add(&r.hq, L * B * cs1 * H * K + 1); r.arena.add(&r.hk, L * B * cs1 * H * K + 1);
+    r.arena.add(&r.hv, L * B * cs1 * H * V + 1); r.arena.add(&r.S, L * B * H * K * V); r.arena.add(&r.a, L * B * H * K);
+    r.arena.add(&r.P, c->precond == PRECOND_EXACT ? L * B * H * K * K : 1);
+    r.arena.alloc();
+    if (c->precond == PRECOND_EXACT) {
+        std::vector<float> P((size_t)(L * B * H * K * K), 0.0f);
+        for (size_t e = 0; e < P.size(); e++) { P[e] = (e % (K * K)) % (K + 1) == 0 ? 1.0f / c->ridge : 0.0f; }
+        cudaCheck(cudaMemcpy(r.P, P.data(), P.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    return r;
+}
+
+#define PP(id, l) PDN_PARAM(m->params, lay, id, l)
+#define GG(id, l) PDN_PARAM(m->grads, lay, id, l)
+
+// Forward over a->tokens (B, T) into a->logits. rs: null for training, else the recurrent state, read and advanced.
+static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    int B = a->B, T = a->T, Tp = a->Tp, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
+    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), L = c->n_layer;
+    long N = (long)B * T;
+    float eps = c->norm_eps, qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
+    const ChunkShape& s = a->cs;
+    { PROF("fwd.embed+norms");
+    encoder_forward(a->resid, a->tokens, PP(T_WTE, 0), (int)N, d);
+    rmsnorm_forward(nullptr, a->L[0].ln1, a->L[0].ln1_rstd, a->resid, nullptr, PP(T_ATTN_NORM, 0), N, d, eps); }
+    for (int l = 0; l < L; l++) {
+        LayerActs& la = a->L[l];
+        floatX* x = a->resid + (long)l * N * d;
+        long lb = (long)l * (rs ? rs->B : 0);
+        { PROF("fwd.matmul.qkv");
+        matmul_forward(la.qp, la.ln1, PP(T_WQ, l), nullptr, (int)N, d, HK);
+        matmul_forward(la.kp, la.ln1, PP(T_WK, l), nullptr, (int)N, d, HK);
+        matmul_forward(la.vp, la.ln1, PP(T_WV, l), nullptr, (int)N, d, HV); }
+        { PROF("fwd.conv+l2norm");
+        floatX* hq = rs ? rs->hq + lb * (cs - 1) * HK : nullptr;
+        floatX* hk = rs ? rs->hk + lb * (cs - 1) * HK : nullptr;
+        floatX* hv = rs ? rs->hv + lb * (cs - 1) * HV : nullptr;
+        conv_silu_forward(la.qc, la.qs, la.qp, PP(T_CONV_Q, l), hq, B, T, HK, cs, 0, H, Tp);
+        conv_silu_forward(la.kc, la.ks, la.kp, PP(T_CONV_K, l), hk, B, T, HK, cs, 0, H, Tp);
+        conv_silu_forward(la.vc, la.v, la.vp, PP(T_CONV_V, l), hv, B, T, HV, cs, V, H, Tp);
+        if (rs && cs > 1) {
+            conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hq, la.qp, B, T, HK, cs);
+            conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hk, la.kp, B, T, HK, cs);
+            conv_history_kernel<<<cdiv((long)B * HV, 256), 256, 0, main_stream>>>(hv, la.vp, B, T, HV, cs);
+            cudaCheck(cudaGetLastError());
+        }
+        l2norm_forward(la.qn, la.q_rstd, la.qs, B, T, H, K, Tp, qscale);
+        l2norm_forward(la.kn, la.k_rstd, la.ks, B, T, H, K, Tp, 1.0f); }
+        { PROF("fwd.gates");
+        matmul_forward(la.beta_pre, la.ln1, PP(T_WB, l), nullptr, (int)N, d, H);
+        gate_forward(la.beta, la.beta_pre, nullptr, nullptr, 0, bmax, B, T, H, 1, Tp);
+        if (c->decay == DECAY_SCALAR) {
+            matmul_forward(la.g_pre, la.ln1, PP(T_WA, l), nullptr, (int)N, d, H);
+            gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, Tp);
+        } else if (c->decay == DECAY_CHANNEL) {
+            matmul_forward(la.f1, la.ln1, PP(T_WF1, l), nullptr, (int)N, d, V);
+            matmul_forward(la.g_pre, la.f1, PP(T_WF2, l), nullptr, (int)N, V, HK);
+            gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Tp);
+        }
+        if (c->precond == PRECOND_DIAG) {
+            matmul_forward(la.gp_pre, la.ln1, PP(T_WAP, l), nullptr, (int)N, d, H);
+            matmul_forward(la.bp_pre, la.ln1, PP(T_WBP, l), nullptr, (int)N, d, H);
+            gate_forward(la.gp, la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 0.0f, B, T, H, 1, Tp);
+            gate_forward(la.betap, la.bp_pre, nullptr, nullptr, 0, 1.0f, B, T, H, 1, Tp);
+        } }
+        { PROF("fwd.precond");
+        if (c->precond == PRECOND_DIAG) {
+            float* a0 = rs ? rs->a + lb * H * K : nullptr;
+            precond_diag_forward_kernel<<<B * H, K, 0, main_stream>>>(la.kt, la.astat, la.kn, la.gp, la.betap,
+                                                                      PP(T_LOG_ATK_SCALE, l), a0, a0, H, T, Tp, K,
+                                                                      logf(c->squash_x), c->precond_eps);
+            cudaCheck(cudaGetLastError());
+        } else if (c->precond == PRECOND_EXACT) {
+            float* P0 = rs ? rs->P + lb * H * K * K : nullptr;
+            size_t sm = ((size_t)K * K + 2 * K) * sizeof(float);
+            precond_exact_forward_kernel<<<B * H, 256, sm, main_stream>>>(la.kt, la.pstate, la.kn, P0, P0, T, Tp, K, m->C,
+                                                                          a->NC, c->ridge);
+            cudaCheck(cudaGetLastError());
+        }
+        }
+        float* S0 = rs ? rs->S + lb * H * K * V : nullptr;
+        delta_chunk_forward(&la.mx, &a->sc, la.qn, la.kn, la.kt, la.v, la.beta, la.g, S0, S0, s);
+        { PROF("fwd.onorm+gate+o");
+        if (c->out_gate) {
+            matmul_forward(la.g1, la.ln1, PP(T_WG1, l), nullptr, (int)N, d, V);
+            matmul_forward(la.gz, la.g1, PP(T_WG2, l), PP(T_BG2, l), (int)N, V, HV);
+        }
+        onorm_gate_forward_kernel<<<cdiv(N * H, 8), 256, 0, main_stream>>>(la.on, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l),
+                                                                           c->out_gate ? la.gz : nullptr, B, T, H, V, Tp, eps);
+        cudaCheck(cudaGetLastError());
+        matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d);
+        rmsnorm_forward(la.h, la.ln2, la.ln2_rstd, x, a->ymix, PP(T_MLP_NORM, l), N, d, eps); }
+        PROF("fwd.mlp");
+        matmul_forward(la.mg, la.ln2, PP(T_WGATE, l), nullptr, (int)N, d, I);
+        matmul_forward(la.mu, la.ln2, PP(T_WUP, l), nullptr, (int)N, d, I);
+        swiglu_forward_kernel<<<cdiv(N * I, 256), 256, 0, main_stream>>>(la.ma, la.mg, la.mu, N * I);
+        matmul_forward(a->ymlp, la.ma, PP(T_WDOWN, l), nullptr, (int)N, I, d);
+        floatX* xo = a->resid + (long)(l + 1) * N * d;
+        if (l + 1 < L) {
+            rmsnorm_forward(xo, a->L[l + 1].ln1, a->L[l + 1].ln1_rstd, la.h, a->ymlp, PP(T_ATTN_NORM, l + 1), N, d, eps);
+        } else {
+            rmsnorm_forward(xo, a->lnf, a->lnf_rstd, la.h, a->ymlp, PP(T_FINAL_NORM, 0), N, d, eps);
+        }
+    }
+    PROF("fwd.classifier.matmul");
+    matmul_forward(a->logits, a->lnf, PP(c->tie_embeddings ? T_WTE : T_LM_HEAD, 0), nullptr, (int)N, d, c->vocab_size);
+}
+
+// Backward: a->logits holds dlogits (classifier_kernel with dscale). host_tokens: the batch on the host, for the
+// deterministic embedding backward. Accumulates into m->grads.
+static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    int B = a->B, T = a->T, Tp = a->Tp, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
+    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), L = c->n_layer;
+    long N = (long)B * T, rows = (long)B * H * Tp;
+    float qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
+    GradBufs& g = a->gb;
+    int head = c->tie_embeddings ? T_WTE : T_LM_HEAD;
+    { PROF("bwd.classifier+final_norm");
+    cudaCheck(cudaMemsetAsync(g.dlnf, 0, N * d * sizeof(float), main_stream));
+    cudaCheck(cudaMemsetAsync(g.dresid, 0, N * d * sizeof(float), main_stream));
+    matmul_backward(g.dlnf, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
+    rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.wprod, g.dlnf, nullptr, a->resid + (long)L * N * d, nullptr,
+                     PP(T_FINAL_NORM, 0), a->lnf_rstd, N, d); }
+    for (int l = L - 1; l >= 0; l--) {
+        LayerActs& la = a->L[l];
+        const floatX* x = a->resid + (long)l * N * d;
+        // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2); g.dresid = dL/dout
+        { PROF("bwd.mlp+norm");
+        to_floatX(g.dresid_x, g.dresid, N * d);
+        cudaCheck(cudaMemsetAsync(g.dma, 0, N * I * sizeof(float), main_stream));
+        matmul_backward(g.dma, GG(T_WDOWN, l), g.dresid_x, la.ma, PP(T_WDOWN, l), (int)N, I, d);
+        swiglu_backward_kernel<<<cdiv(N * I, 256), 256, 0, main_stream>>>(g.dmg_x, g.dmu_x, g.dma, la.mg, la.mu, N * I);
+        cudaCheck(cudaMemsetAsync(g.dln2, 0, N * d * sizeof(float), main_stream));
+        matmul_backward(g.dln2, GG(T_WGATE, l), g.dmg_x, la.ln2, PP(T_WGATE, l), (int)N, d, I);
+        matmul_backward(g.dln2, GG(T_WUP, l), g.dmu_x, la.ln2, PP(T_WUP, l), (int)N, d, I);
+        cudaCheck(cudaMemcpyAsync(g.dh, g.dresid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+        rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.wprod, g.dln2, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d);
+        }
+        // mixer: h = x + W_o og
+        { PROF("bwd.o+onorm+gate");
+        cudaCheck(cudaMemcpyAsync(g.dresid, g.dh, N * d * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
+        to_floatX(g.dh_x, g.dh, N * d);
+        cudaCheck(cudaMemsetAsync(g.dog, 0, N * HV * sizeof(float), main_stream));
+        matmul_backward(g.dog, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
+        cudaCheck(cudaMemsetAsync(g.dln1, 0, N * d * sizeof(float), main_stream));
+        onorm_gate_backward_kernel<<<cdiv(N * H, 8), 256, 0, main_stream>>>(g.dO_x, g.dgz_x, g.dgz_f, g.wprod, g.dog, la.mx.O,
+                                                                            la.on, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr,
+                                                                            la.o_rstd, B, T, H, V, Tp);
+        cudaCheck(cudaGetLastError());
+        colsum_add(GG(T_O_NORM, l), g.wprod, N * H, V);
+        if (c->out_gate) {
+            colsum_add(GG(T_BG2, l), g.dgz_f, N, HV);
+            cudaCheck(cudaMemsetAsync(g.dg1, 0, N * V * sizeof(float), main_stream));
+            matmul_backward(g.dg1, GG(T_WG2, l), g.dgz_x, la.g1, PP(T_WG2, l), (int)N, V, HV);
+            to_floatX(g.dg1_x, g.dg1, N * V);
+            matmul_backward(g.dln1, GG(T_WG1, l), g.dg1_x, la.ln1, PP(T_WG1, l), (int)N, d, V);
+        }
+        }
+        delta_chunk_backward(g.dq, g.dkh, g.dkt, g.dv, g.dbeta, gk ? g.dg : nullptr, &a->sc, &la.mx, g.dO_x, la.qn, la.kn,
+                             la.kt, la.v, la.beta, c->precond == PRECOND_NONE, a->cs);
+        { PROF("bwd.precond");
+        if (c->precond == PRECOND_DIAG) {
+            precond_diag_backward_kernel<<<B * H, std::max(32, (K + 31) / 32 * 32), 0, main_stream>>>(
+                g.dkh, g.cg, g.cb, g.dc, g.dkt, la.kn, la.gp, la.betap, la.astat, PP(T_LOG_ATK_SCALE, l), H, T, Tp, K,
+                logf(c->squash_x), c->precond_eps);
+            precond_diag_reduce_kernel<<<cdiv(rows, 8), 256, 0, main_stream>>>(g.dgp, g.dbp, g.cg, g.cb, rows, K);
+            precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(GG(T_LOG_ATK_SCALE, l), g.dc, B, H);
+            cudaCheck(cudaGetLastError());
+        } else if (c->precond == PRECOND_EXACT) {
+            size_t sm = ((size_t)K * K + 5 * K) * sizeof(float);
+            precond_exact_backward_kernel<<<B * H, 256, sm, main_stream>>>(g.dkh, g.pbuf, g.dkt, la.kn, la.pstate, T, Tp, K,
+                                                                           m->C, a->NC);
+            cudaCheck(cudaGetLastError());
+        } }
+        { PROF("bwd.gates");
+        if (c->precond == PRECOND_DIAG) {
+            gate_backward(g.dgp_pre_x, g.dg_pre_f, g.alog_prod, g.dgp, la.gp, la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l),
+                          1, 1.0f, B, T, H, 1, Tp);
+            colsum_add(GG(T_DT_BIASP, l), g.dg_pre_f, N, H);
+            colsum_add(GG(T_A_LOGP, l), g.alog_prod, N, H);
+            gate_backward(g.dbp_pre_x, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr, nullptr, 0, 1.0f, B, T, H, 1, Tp);
+            matmul_backward(g.dln1, GG(T_WAP, l), g.dgp_pre_x, la.ln1, PP(T_WAP, l), (int)N, d, H);
+            matmul_backward(g.dln1, GG(T_WBP, l), g.dbp_pre_x, la.ln1, PP(T_WBP, l), (int)N, d, H);
+        }
+        if (c->decay == DECAY_SCALAR) {
+            gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, g.dg, la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f,
+                          B, T, H, 1, Tp);
+            colsum_add(GG(T_DT_BIAS, l), g.dg_pre_f, N, H);
+            colsum_add(GG(T_A_LOG, l), g.alog_prod, N, H);
+            matmul_backward(g.dln1, GG(T_WA, l), g.dg_pre_x, la.ln1, PP(T_WA, l), (int)N, d, H);
+        } else if (c->decay == DECAY_CHANNEL) {
+            gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, g.dg, la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f,
+                          B, T, H, K, Tp);
+            colsum_add(GG(T_DT_BIAS, l), g.dg_pre_f, N, HK);
+            colsum_add(GG(T_A_LOG, l), g.alog_prod, N, H);
+            cudaCheck(cudaMemsetAsync(g.df1, 0, N * V * sizeof(float), main_stream));
+            matmul_backward(g.df1, GG(T_WF2, l), g.dg_pre_x, la.f1, PP(T_WF2, l), (int)N, V, HK);
+            to_floatX(g.df1_x, g.df1, N * V);
+            matmul_backward(g.dln1, GG(T_WF1, l), g.df1_x, la.ln1, PP(T_WF1, l), (int)N, d, V);
+        }
+        gate_backward(g.dbeta_pre_x, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr, 0, bmax, B, T, H, 1, Tp);
+        matmul_backward(g.dln1, GG(T_WB, l), g.dbeta_pre_x, la.ln1, PP(T_WB, l), (int)N, d, H); }
+        { PROF("bwd.l2norm+conv");
+        l2norm_backward(g.dqs, g.dq, la.qn, la.q_rstd, B, T, H, K, Tp, qscale);
+        l2norm_backward(g.dks, g.dkh, la.kn, la.k_rstd, B, T, H, K, Tp, 1.0f);
+        conv_silu_backward(g.dqp_x, GG(T_CONV_Q, l), g.wprod, g.dqs, la.qc, la.qp, PP(T_CONV_Q, l), B, T, HK, cs, 0, H, Tp);
+        conv_silu_backward(g.dkp_x, GG(T_CONV_K, l), g.wprod, g.dks, la.kc, la.kp, PP(T_CONV_K, l), B, T, HK, cs, 0, H, Tp);
+        conv_silu_backward(g.dvp_x, GG(T_CONV_V, l), g.wprod, g.dv, la.vc, la.vp, PP(T_CONV_V, l), B, T, HV, cs, V, H, Tp); }
+        PROF("bwd.matmul.qkv+norm");
+        matmul_backward(g.dln1, GG(T_WQ, l), g.dqp_x, la.ln1, PP(T_WQ, l), (int)N, d, HK);
+        matmul_backward(g.dln1, GG(T_WK, l), g.dkp_x, la.ln1, PP(T_WK, l), (int)N, d, HK);
+        matmul_backward(g.dln1, GG(T_WV, l), g.dvp_x, la.ln1, PP(T_WV, l), (int)N, d, HV);
+        rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.wprod, g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d);
+    }
+    // embedding: group positions by token on the host (positions in increasing order), sum on the device
+    PROF("bwd.embed");
+    std::vector<int> order((size_t)N), tok, start, pos((size_t)N);
+    for (long n = 0; n < N; n++) { order[(size_t)n] = (int)n; }
+    std::stable_sort(order.begin(), order.end(), [&](int p, int q) { return host_tokens[p] < host_tokens[q]; });
+    for (long i = 0; i < N; i++) {
+        int tk = host_tokens[order[(size_t)i]];
+        if (i == 0 || tk != host_tokens[order[(size_t)i - 1]]) { tok.push_back(tk); start.push_back((int)i); }
+        pos[(size_t)i] = order[(size_t)i];
+    }
+    start.push_back((int)N);
+    cudaCheck(cudaMemcpyAsync(g.bucket_tok, tok.data(), tok.size() * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaMemcpyAsync(g.bucket_start, start.data(), start.size() * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaMemcpyAsync(g.bucket_pos, pos.data(), pos.size() * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    encoder_backward_kernel<<<dim3((unsigned)tok.size(), cdiv(d, 128)), 128, 0, main_stream>>>(GG(T_WTE, 0), g.dresid,
+                                                                                              g.bucket_tok, g.bucket_start,
+                                                                                              g.bucket_pos, d);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaStreamSynchronize(main_stream)); // the host vectors above must outlive the copies
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 5. training
+
+// classifier over a->logits with host targets y: losses (and dlogits in place when dscale != 0);
+// returns the sum of losses over positions with a target, *count those positions; argmax_host optional
+static double classifier(Acts* a, int Vv, const int* y, float dscale, long* count, int* argmax_host) {
+    long N = (long)a->B * a->T;
+    classifier_kernel<<<N, 256, 0, main_stream>>>(a->logits, a->losses, argmax_host ? a->argmax : nullptr, a->targets, Vv, dscale);
+    cudaCheck(cudaGetLastError());
+    std::vector<float> losses((size_t)N);
+    cudaCheck(cudaMemcpy(losses.data(), a->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
+    if (argmax_host) { cudaCheck(cudaMemcpy(argmax_host, a->argmax, N * sizeof(int), cudaMemcpyDeviceToHost)); }
+    double s = 0.0;
+    long c = 0;
+    for (long n = 0; n < N; n++) { if (y[n] >= 0) { s += losses[(size_t)n]; c++; } }
+    *count = c;
+    return s;
+}
+
+static void upload_batch(Acts* a, const int* x, const int* y) {
+    long N = (long)a->B * a->T;
+    cudaCheck(cudaMemcpyAsync(a->tokens, x, N * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaMemcpyAsync(a->targets, y, N * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+}
+
+static void check_tokens(const int* x, long N, int vocab) {
+    for (long n = 0; n < N; n++) {
+        if (x[n] < 0 || x[n] >= vocab) { fail(EXIT_BADFILE, "token id %d at position %ld is outside the model's vocabulary [0, %d)", x[n], n, vocab); }
+    }
+}
+
+// one micro-batch: forward, loss, backward; returns the mean loss over positions with a target
+static double forward_backward(Model* m, Acts* a, const int* x, const int* y, int grad_accum) {
+    long N = (long)a->B * a->T, count = 0;
+    check_tokens(x, N, m->cfg.vocab_size);
+    for (long n = 0; n < N; n++) { count += y[n] >= 0; }
+    upload_batch(a, x, y);
+    pdn_forward(m, a, nullptr);
+    double sum;
+    { PROF("classifier.softmax+loss");
+    sum = classifier(a, m->cfg.vocab_size, y, count ? (float)(1.0 / ((double)count * grad_accum)) : 0.0f, &count, nullptr); }
+    if (count) { pdn_backward(m, a, x); }
+    return count ? sum / count : 0.0;
+}
+
+static double grad_norm(Model* m, float* scratch) {
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256, 0, main_stream>>>(scratch, m->grads, (long)m->lay.num_elems);
+    sumsq_final_kernel<<<1, 256, 0, main_stream>>>(scratch + NORM_BLOCKS, scratch, NORM_BLOCKS);
+    cudaCheck(cudaGetLastError());
+    float s;
+    cudaCheck(cudaMemcpy(&s, scratch + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
+    return sqrt((double)s);
+}
+
+// AdamW over every tensor; `step` is the 1-based step being completed (bias correction and rounding seeds)
+static void adamw_update(Model* m, const TrainConfig* tc, float lr, long step, float grad_scale) {
+    float bc1 = (float)(1.0 - pow(tc->beta1, (double)step)), bc2 = (float)(1.0 - pow(tc->beta2, (double)step));
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        const PdnTensor* t = &m->lay.t[i];
+        if (!t->numel) { continue; }
+        long o = (long)t->offset;
+        adamw_kernel<<<cdiv(t->numel, 256), 256, 0, main_stream>>>(m->params + o, m->master + o, m->grads + o, m->m + o,
+                                                                    m->v + o, (long)t->numel, lr, tc->beta1, tc->beta2, bc1, bc2,
+                                                                    tc->adam_eps, t->wd ? tc->weight_decay : 0.0f, grad_scale,
+                                                                    tensor_seed(m->seed, step, i));
+    }
+    cudaCheck(cudaGetLastError());
+}
+
+// Held-out MQAR loss and recall accuracy, the same fixed stream as the CPU trainer
+static void eval_mqar(Model* m, Acts* a, const MqarConfig* mq, int batches, uint64_t seed, double* loss, double* acc) {
+    long N = (long)a->B * a->T;
+    std::vector<int> x((size_t)N), y((size_t)N), am((size_t)N);
+    Rng r;
+    rng_seed(&r, seed ^ 0x5EED0F7E57DA7AULL);
+    double lsum = 0.0;
+    long hits = 0, count = 0;
+    for (int bi = 0; bi < batches; bi++) {
+        mqar_batch(mq, &r, a->B, x.data(), y.data());
+        upload_batch(a, x.data(), y.data());
+        pdn_forward(m, a, nullptr);
+        long c;
+        lsum += classifier(a, m->cfg.vocab_size, y.data(), 0.0f, &c, am.data());
+        count += c;
+        for (long n = 0; n < N; n++) { if (y[(size_t)n] >= 0) { hits += am[(size_t)n] == y[(size_t)n]; } }
+    }
+    *loss = count ? lsum / count : 0.0;
+    *acc = count ? (double)hits / count : 0.0;
+}
+
+static std::vector<float> to_host_float(const floatX* d, long n) {
+    std::vector<floatX> tmp((size_t)n);
+    cudaCheck(cudaMemcpy(tmp.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> out((size_t)n);
+    for (long i = 0; i < n; i++) { out[(size_t)i] = (float)tmp[(size_t)i]; }
+    return out;
+}
+
+static void write_debug_state(Model* m, Acts* a, const int* x, const int* y, const char* path) {
+    long N = (long)a->B * a->T, count = 0;
+    for (long n = 0; n < N; n++) { count += y[n] >= 0; }
+    check_tokens(x, N, m->cfg.vocab_size);
+    cudaCheck(cudaMemset(m->grads, 0, m->lay.num_elems * sizeof(float)));
+    upload_batch(a, x, y);
+    pdn_forward(m, a, nullptr);
+    std::vector<float> logits = to_host_float(a->logits, N * m->cfg.vocab_size);
+    double sum = classifier(a, m->cfg.vocab_size, y, count ? (float)(1.0 / (double)count) : 0.0f, &count, nullptr);
+    pdn_backward(m, a, x);
+    std::vector<float> grads(m->lay.num_elems);
+    cudaCheck(cudaMemcpy(grads.data(), m->grads, grads.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    DebugState d;
+    memset(&d, 0, sizeof d);
+    d.cfg = m->cfg; d.lay = m->lay; d.B = a->B; d.T = a->T;
+    d.loss = count ? sum / count : 0.0;
+    snprintf(d.precision, sizeof d.precision, "cuda-%s", PRECISION_NAME);
+    d.x = (int*)x; d.y = (int*)y; d.logits = logits.data(); d.grads = grads.data();
+    debug_state_write(path, &d);
+    printf("wrote %s: B %d, T %d, loss %.9f, %zu gradient elements\n", path, a->B, a->T, d.loss, m->lay.num_elems);
+}
+
+static void save_checkpoint(Model* m, const TrainConfig* tc, long step, const Rng* data_rng) {
+    char mp[1100], sp[1100];
+    ckpt_paths(tc->out_dir, step, mp, sp, sizeof mp);
+    size_t n = m->lay.num_elems;
+    std::vector<float> host(n), hm(n), hv(n);
+    cudaCheck(cudaMemcpy(host.data(), m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(hm.data(), m->m, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(hv.data(), m->v, n * sizeof(float), cudaMemcpyDeviceToHost));
+    uint32_t crc = pdn_checkpoint_write(mp, &m->cfg, &m->lay, host.data(), "f32", step);
+    TrainState st;
+    memset(&st, 0, sizeof st);
+    st.step = step; st.model_crc = crc; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = 1;
+    st.n_data = 4;
+    for (int i = 0; i < 4; i++) { st.data[i] = data_rng->s[i]; }
+    state_write(sp, &st, hm.data(), hv.data(), n, "f32");
+    printf("saved checkpoint %s (+ %s)\n", mp, sp);
+}
+
+// Prompt through the model in one chunked pass, then one token at a time: the recurrent state lives on the GPU.
+static void generate(Model* m, const int* prompt, int P, int n, float temperature, int top_k, uint64_t seed, int* out) {
+    RecState rs = recstate_alloc(&m->cfg, 1);
+    Acts ap = acts_alloc(m, 1, P, 0), a1 = acts_alloc(m, 1, 1, 0);
+    Rng rng;
+    rng_seed(&rng, seed);
+    int Vv = m->cfg.vocab_size;
+    cudaCheck(cudaMemcpy(ap.tokens, prompt, P * sizeof(int), cudaMemcpyHostToDevice));
+    pdn_forward(m, &ap, &rs);
+    std::vector<float> row = to_host_float(ap.logits + (long)(P - 1) * Vv, Vv);
+    for (int i = 0; i < n; i++) {
+        out[i] = sample_logits(row.data(), Vv, temperature, top_k, &rng);
+        if (i + 1 < n) {
+            cudaCheck(cudaMemcpy(a1.tokens, &out[i], sizeof(int), cudaMemcpyHostToDevice));
+            pdn_forward(m, &a1, &rs);
+            row = to_host_float(a1.logits, Vv);
+        }
+    }
+    acts_free(&ap);
+    acts_free(&a1);
+    rs.arena.release();
+}
+
+// Peak dense bf16 tensor FLOP/s for MFU. Known cards by name (vendor figures); otherwise SMs x clock x the
+// architecture's dense bf16 FLOP per clock per SM (Hopper 4096, Ampere/Ada 2048 for data-center parts);
+// < 0 when unknown (then no MFU is printed rather than a wrong one).
+static double peak_bf16_flops(const cudaDeviceProp* p) {
+    struct { const char* name; double tflops; } known[] = {
+        {"H100 PCIe", 756.0}, {"H100 NVL", 835.0}, {"H200 NVL", 835.0}, {"H100", 989.4}, {"H200", 989.4},
+        {"GH200", 989.4}, {"A100", 312.0}, {"L40S", 362.0}, {"A10", 125.0},
+    };
+    for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+        if (strstr(p->name, known[i].name)) { return known[i].tflops * 1e12; }
+    }
+    int clock_khz = 0;
+    cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0);
+    double per_sm = p->major == 9 ? 4096 : (p->major == 8 && p->minor == 0) ? 2048 : -1;
+    return per_sm < 0 ? -1.0 : per_sm * p->multiProcessorCount * clock_khz * 1e3;
+}
+
+// model FLOPs per training token: 6 per matmul parameter (the tied classifier counts through wte) plus the
+// chunkwise mixer's products, forward 2C(3K+2V) + 6KV per head and layer, times 3 for forward + backward
+static double flops_per_token(const PdnConfig* c, const PdnLayout* lay, int C) {
+    double K = c->head_k, V = pdn_head_v(c);
+    double mixer = 3.0 * c->n_layer * c->n_head * (2.0 * C * (3 * K + 2 * V) + 6 * K * V);
+    return 6.0 * (double)lay->num_params + mixer;
+}
+
+#ifndef TESTING
+int main(int argc, char** argv) {
+    PdnConfig mc;
+    TrainConfig tc;
+    parse_args(argc, argv, &mc, &tc);
+    train_config_check(&tc, 1);
+    if (!tc.chunk_form) { fail(EXIT_USAGE, "the CUDA trainer runs the chunkwise mixer only (--mixer chunk); the per-token form is the CPU reference's"); }
+    if (tc.chunk > 64) { fail(EXIT_USAGE, "--chunk must be <= 64 on the GPU (got %d)", tc.chunk); }
+    MqarConfig mq = {tc.mqar_vocab, tc.T, tc.mqar_pairs, tc.mqar_power_a};
+
+    // the model: from a checkpoint (-e, or -y 1 with one in -o), else from the flags
+    real* loaded = nullptr;
+    uint32_t loaded_crc = 0;
+    char resume_state[1100];
+    load_model_source(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state);
+    if (mc.vocab_size == 0) { mc.vocab_size = tc.mqar_vocab; }
+    const char* err = pdn_config_check(&mc);
+    if (err) { fail(EXIT_USAGE, "%s", err); }
+    if (tc.count_params) { print_param_table(&mc); return 0; }
+    if (mc.precond == PRECOND_EXACT && mc.head_k > 128) { fail(EXIT_USAGE, "the exact preconditioner on the GPU needs --head-dim <= 128"); }
+    if (mc.conv_size > 17) { fail(EXIT_USAGE, "--conv-size must be <= 17 on the GPU"); }
+
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fail(EXIT_SYSTEM, "no CUDA device found (this is the GPU trainer; train_pdn is the CPU one)");
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaSetDevice(0));
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cublasCheck(cublasCreate(&cublas_handle));
+    cublasCheck(cublasLtCreate(&cublaslt_handle));
+    cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
+    cublasCheck(cublasSetWorkspace(cublas_handle, cublaslt_workspace, cublaslt_workspace_size));
+#ifdef ENABLE_FP32
+    cublasCheck(cublasSetMathMode(cublas_handle, CUBLAS_PEDANTIC_MATH)); // no TF32 anywhere
+#endif
+    mixer_kernel_setup();
+    prof_on = getenv("PDN_PROFILE") && atoi(getenv("PDN_PROFILE")) != 0;
+
+    Model m;
+    model_init(&m, &mc, tc.chunk, (uint64_t)tc.seed);
+    std::vector<float> host(m.lay.num_elems);
+    if (loaded) { memcpy(host.data(), loaded, host.size() * sizeof(float)); free(loaded); }
+    else { pdn_init_params(&mc, &m.lay, host.data(), (uint64_t)tc.seed); }
+
+    Rng data_rng;
+    uint64_t sm = (uint64_t)tc.seed ^ 0x7261696E;
+    rng_seed(&data_rng, splitmix64(&sm));
+    long start_step = 0;
+    if (resume_state[0]) {
+        TrainState st;
+        std::vector<float> hm(m.lay.num_elems), hv(m.lay.num_elems);
+        resume_state_read(resume_state, &tc, 1, loaded_crc, &st, hm.data(), hv.data(), m.lay.num_elems, "f32");
+        if (st.n_data != 4) { fail(EXIT_BADFILE, "%s: the data position is not an MQAR stream's", resume_state); }
+        cudaCheck(cudaMemcpy(m.m, hm.data(), hm.size() * sizeof(float), cudaMemcpyHostToDevice));
+        cudaCheck(cudaMemcpy(m.v, hv.data(), hv.size() * sizeof(float), cudaMemcpyHostToDevice));
+        for (int i = 0; i < 4; i++) { data_rng.s[i] = st.data[i]; }
+        start_step = st.step;
+    }
+    model_set_master(&m, host.data(), start_step); // the floatX parameters of that step, rounded as the run did
+
+    if (tc.generate) {
+        std::vector<int> prompt(65536);
+        int P = parse_prompt(tc.prompt, prompt.data(), 65536);
+        if (P == 0) { fail(EXIT_USAGE, "--generate needs a --prompt of at least one token id"); }
+        check_tokens(prompt.data(), P, mc.vocab_size);
+        std::vector<int> out((size_t)tc.generate);
+        double t0 = wall_seconds();
+        generate(&m, prompt.data(), P, tc.generate, tc.temperature, tc.top_k, (uint64_t)tc.seed, out.data());
+        double dt = wall_seconds() - t0;
+        for (int i = 0; i < tc.generate; i++) { printf("%d%c", out[(size_t)i], i + 1 < tc.generate ? ' ' : '\n'); }
+        fprintf(stderr, "generated %d tokens after a %d-token prompt in %.1f ms\n", tc.generate, P, dt * 1e3);
+        return 0;
+    }
+    check_task(&mq, &mc);
+    double peak = peak_bf16_flops(&prop);
+    char device[320];
+    snprintf(device, sizeof device, "%s (%d SMs)", prop.name, prop.multiProcessorCount);
+    print_config_box(&mc, &tc, &m.lay, device, PRECISION_NAME);
+    if (peak > 0) { printf("peak dense bf16: %.0f TFLOP/s (for MFU)\n", peak / 1e12); }
+
+    Acts acts = acts_alloc(&m, tc.B, tc.T, 1);
+    printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB\n",
+           m.lay.num_elems * (sizeof(floatX) + 4.0 * 4) / 1048576.0, acts.arena.bytes / 1048576.0);
+    size_t N = (size_t)tc.B * tc.T;
+    std::vector<int> x(N), y(N);
+    if (tc.debug_state[0]) {
+        mqar_batch(&mq, &data_rng, tc.B, x.data(), y.data());
+        write_debug_state(&m, &acts, x.data(), y.data(), tc.debug_state);
+        return 0;
+    }
+    Logger lg;
+    if (tc.out_dir[0]) { ensure_dir(tc.out_dir); }
+    logger_init(&lg, tc.out_dir, start_step > 0);
+    float* norm_scratch;
+    cudaCheck(cudaMalloc(&norm_scratch, (NORM_BLOCKS + 1) * sizeof(float)));
+    double fpt = flops_per_token(&mc, &m.lay, tc.chunk);
+    printf("MQAR: vocab %d, length %d, %d pairs; chance accuracy ~%.1f%%\n", mq.vocab, mq.seq_len, mq.pairs, 100.0 / (mq.vocab / 2));
+    cudaEvent_t ev0, ev1;
+    cudaCheck(cudaEventCreate(&ev0));
+    cudaCheck(cudaEventCreate(&ev1));
+    double t_start = wall_seconds(), t_steps = 0.0;
+    int timed = 0;
+    for (long step = start_step; step < tc.steps; step++) {
+        cudaCheck(cudaEventRecord(ev0, main_stream));
+        cudaCheck(cudaMemsetAsync(m.grads, 0, m.lay.num_elems * sizeof(float), main_stream));
+        double loss = 0.0;
+        for (int micro = 0; micro < tc.grad_accum; micro++) {
+            mqar_batch(&mq, &data_rng, tc.B, x.data(), y.data());
+            loss += forward_backward(&m, &acts, x.data(), y.data(), tc.grad_accum) / tc.grad_accum;
+        }
+        if (!isfinite(loss)) {
+            fail(EXIT_NUMERIC, "loss is %f at step %ld: training diverged (no checkpoint was written for this step)\n"
+                 "  hint: lower -l (learning rate), raise -u (warm-up) or keep --grad-clip on", loss, step + 1);
+        }
+        double norm;
+        float lr = lr_at(&tc, (int)step);
+        {
+            PROF("optimizer (norm+adamw)");
+            norm = grad_norm(&m, norm_scratch);
+            float scale = (tc.grad_clip > 0 && norm > tc.grad_clip) ? (float)(tc.grad_clip / norm) : 1.0f;
+            adamw_update(&m, &tc, lr, step + 1, scale);
+        }
+        cudaCheck(cudaEventRecord(ev1, main_stream));
+        cudaCheck(cudaEventSynchronize(ev1));
+        float ms = 0.0f;
+        cudaCheck(cudaEventElapsedTime(&ms, ev0, ev1));
+        double dt = ms / 1e3;
+        prof_flush(step > start_step);
+        if (step > start_step) { t_steps += dt; timed++; }
+        double mfu = peak > 0 ? fpt * tc.total_batch / dt / peak : -1.0;
+        print_step(&lg, &tc, step, loss, norm, lr, dt, timed ? t_steps / timed : dt, mfu);
+        int last = step + 1 == tc.steps;
+        if ((tc.val_every && (step + 1) % tc.val_every == 0) || last) {
+            double vl, va;
+            eval_mqar(&m, &acts, &mq, tc.val_batches, (uint64_t)tc.seed, &vl, &va);
+            printf("val | step %ld | loss %.6f | recall accuracy %.2f%% (%d held-out sequences)\n", step + 1, vl, 100 * va,
+                   tc.val_batches * tc.B);
+            logger_printf(&lg, "s:%ld vl:%.6f vacc:%.4f\n", step + 1, vl, va);
+        }
+        if (tc.out_dir[0] && ((tc.ckpt_every && (step + 1) % tc.ckpt_every == 0) || last)) {
+            save_checkpoint(&m, &tc, step + 1, &data_rng);
+        }
+    }
+    prof_report(timed);
+    size_t free_b, total_b;
+    cudaCheck(cudaMemGetInfo(&free_b, &total_b));
+    printf("done: %ld steps in %.1f s; %.0f tok/s averaged over the timed steps; device memory in use %.1f GiB\n",
+           tc.steps - start_step, wall_seconds() - t_start, timed ? tc.total_batch / (t_steps / timed) : 0.0,
+           (total_b - free_b) / 1073741824.0);
+    acts_free(&acts);
+    model_free(&m);
+    return 0;
+}
+#endif
