@@ -333,18 +333,26 @@ __global__ void colsum_final_kernel(float* out, const float* partial, int nch, i
     for (int c = 0; c < nch; c++) { s += partial[(long)c * M + m]; }
     out[m] += s;
 }
+// partial sums (nch, M) live in a grow-only scratch; kernels that can compute their summands on the fly write the
+// partials themselves (rmsnorm, conv weights) and only call colsum_finish
 static float* colsum_scratch = nullptr;
 static size_t colsum_scratch_n = 0;
-static void colsum_add(float* out, const float* mat, long N, int M) {
-    int nch = cdiv(N, COLSUM_ROWS);
+static float* colsum_partials(int nch, int M) {
     if ((size_t)nch * M > colsum_scratch_n) {
         if (colsum_scratch) { cudaCheck(cudaFree(colsum_scratch)); }
         colsum_scratch_n = (size_t)nch * M;
         cudaCheck(cudaMalloc(&colsum_scratch, colsum_scratch_n * sizeof(float)));
     }
-    colsum_partial_kernel<<<dim3(cdiv(M, 128), nch), 128, 0, main_stream>>>(colsum_scratch, mat, (int)N, M);
+    return colsum_scratch;
+}
+static void colsum_finish(float* out, int nch, int M) {
     colsum_final_kernel<<<cdiv(M, 128), 128, 0, main_stream>>>(out, colsum_scratch, nch, M);
     cudaCheck(cudaGetLastError());
+}
+static void colsum_add(float* out, const float* mat, long N, int M) {
+    int nch = cdiv(N, COLSUM_ROWS);
+    colsum_partial_kernel<<<dim3(cdiv(M, 128), nch), 128, 0, main_stream>>>(colsum_partials(nch, M), mat, (int)N, M);
+    colsum_finish(out, nch, M);
 }
 
 // RMSNorm (SPEC §2), optionally fused with the residual add: resid_out = a + b (if b), out = RMSNorm(resid) * w.
@@ -378,9 +386,8 @@ static void rmsnorm_forward(floatX* resid_out, floatX* out, float* rstd, const f
     cudaCheck(cudaGetLastError());
 }
 
-// dinp (fp32) += RMSNorm backward; wprod (N, C) fp32 scratch receives dy * x * rstd for the weight's column sum.
-// dout is fp32 (dout_f) or floatX (dout_x), whichever is given.
-__global__ void rmsnorm_backward_kernel(float* dinp, float* wprod, const float* dout_f, const floatX* dout_x,
+// dinp (fp32) += RMSNorm backward. dout is fp32 (dout_f) or floatX (dout_x), whichever is given.
+__global__ void rmsnorm_backward_kernel(float* dinp, const float* dout_f, const floatX* dout_x,
                                         const floatX* inp, const float* inp_f, const floatX* w, const float* rstd,
                                         int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -398,14 +405,31 @@ __global__ void rmsnorm_backward_kernel(float* dinp, float* wprod, const float* 
         float dy = dout_f ? dout_f[base + c] : tof(dout_x[base + c]);
         float x = inp_f ? inp_f[base + c] : tof(inp[base + c]);
         dinp[base + c] += r * dy * tof(w[c]) - k * x;
-        wprod[base + c] = dy * x * r;
     }
 }
-static void rmsnorm_backward(float* dinp, float* dw, float* wprod, const float* dout_f, const floatX* dout_x,
-                             const floatX* inp, const float* inp_f, const floatX* w, const float* rstd, long N, int C) {
-    rmsnorm_backward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(dinp, wprod, dout_f, dout_x, inp, inp_f, w, rstd, (int)N, C);
+// the weight's gradient Σ_n dy x rstd: partial sums over chunks of COLSUM_ROWS rows, one thread per column
+__global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dout_f, const floatX* dout_x, const floatX* inp,
+                                          const float* inp_f, const float* rstd, int N, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+    if (c >= C) { return; }
+    float s = 0.0f;
+    int r1 = min(N, (ch + 1) * COLSUM_ROWS);
+    for (int r = ch * COLSUM_ROWS; r < r1; r++) {
+        long i = (long)r * C + c;
+        float dy = dout_f ? dout_f[i] : tof(dout_x[i]);
+        float x = inp_f ? inp_f[i] : tof(inp[i]);
+        s += dy * x * rstd[r];
+    }
+    partial[(long)ch * C + c] = s;
+}
+static void rmsnorm_backward(float* dinp, float* dw, const float* dout_f, const floatX* dout_x, const floatX* inp,
+                             const float* inp_f, const floatX* w, const float* rstd, long N, int C) {
+    rmsnorm_backward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(dinp, dout_f, dout_x, inp, inp_f, w, rstd, (int)N, C);
+    int nch = cdiv(N, COLSUM_ROWS);
+    rmsnorm_dw_partial_kernel<<<dim3(cdiv(C, 128), nch), 128, 0, main_stream>>>(colsum_partials(nch, C), dout_f, dout_x, inp,
+                                                                               inp_f, rstd, (int)N, C);
     cudaCheck(cudaGetLastError());
-    colsum_add(dw, wprod, N, C);
+    colsum_finish(dw, nch, C);
 }
 
 // index of element (b, t, h, j) of a (B, T, H*D) tensor in the head-major padded layout (B, H, Tp, D)
@@ -457,16 +481,15 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
     for (int k = 0; k < nh; k++) { hist[((long)b * nh + k) * Ch + c] = fromf<floatX>(tmp[k]); }
 }
 
-// backward: dout (grad of the SiLU output, fp32, token-major or hm) -> dpre; dz (floatX, token-major) for the
-// projection's backward; wprod (N, Ch*cs) fp32 for the weight's column sum
-__global__ void conv_silu_backward_kernel(floatX* dz, float* wprod, const float* dout, const floatX* pre, const floatX* z,
-                                          const floatX* w, int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
+// backward: dout (grad of the SiLU output, fp32, token-major or hm) -> dz (floatX, token-major) for the projection's
+// backward: dz[s] = Σ_k w[k] dpre[s + cs-1-k], dpre = dout * silu'(pre)
+__global__ void conv_silu_backward_kernel(floatX* dz, const float* dout, const floatX* pre, const floatX* w,
+                                          int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * T * Ch) { return; }
     int c = (int)(i % Ch);
     long bt = i / Ch;
     int s = (int)(bt % T), b = (int)(bt / T);
-    // dz[s] = Σ_k w[k] dpre[s + cs-1-k]
     float acc = 0.0f;
     for (int k = 0; k < cs; k++) {
         int t = s + (cs - 1) - k;
@@ -477,19 +500,37 @@ __global__ void conv_silu_backward_kernel(floatX* dz, float* wprod, const float*
         acc += tof(w[(long)c * cs + k]) * d * sg * (1.0f + p * (1.0f - sg));
     }
     dz[i] = fromf<floatX>(acc);
-    // weight: dw[c, k] = Σ_t dpre[t] z[t - cs+1 + k]; this thread is position t = s
-    float p = tof(pre[i]), sg = sigmoidf_(p);
-    float dp = (hm_D ? dout[hm_index(b, s, c, H, hm_D, Tp)] : dout[i]) * sg * (1.0f + p * (1.0f - sg));
-    for (int k = 0; k < cs; k++) {
-        int src = s - (cs - 1) + k;
-        wprod[i * cs + k] = src >= 0 ? dp * tof(z[((long)b * T + src) * Ch + c]) : 0.0f;
-    }
 }
-static void conv_silu_backward(floatX* dz, float* dw, float* wprod, const float* dout, const floatX* pre, const floatX* z,
-                               const floatX* w, int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
-    conv_silu_backward_kernel<<<cdiv((long)B * T * Ch, 256), 256, 0, main_stream>>>(dz, wprod, dout, pre, z, w, B, T, Ch, cs, hm_D, H, Tp);
+// the weights: dw[c, k] = Σ_t dpre[t] z[t - cs+1 + k], partial sums over chunks of COLSUM_ROWS positions, thread per channel
+#define CONV_MAX 17
+__global__ void conv_dw_partial_kernel(float* partial, const float* dout, const floatX* pre, const floatX* z,
+                                       int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
+    if (c >= Ch) { return; }
+    float acc[CONV_MAX];
+    #pragma unroll
+    for (int k = 0; k < CONV_MAX; k++) { acc[k] = 0.0f; }
+    long N = (long)B * T, r1 = min(N, (long)(ch + 1) * COLSUM_ROWS);
+    for (long r = (long)ch * COLSUM_ROWS; r < r1; r++) {
+        int t = (int)(r % T), b = (int)(r / T);
+        float p = tof(pre[r * Ch + c]), sg = sigmoidf_(p);
+        float dp = (hm_D ? dout[hm_index(b, t, c, H, hm_D, Tp)] : dout[r * Ch + c]) * sg * (1.0f + p * (1.0f - sg));
+        #pragma unroll
+        for (int k = 0; k < CONV_MAX; k++) {
+            int src = t - (cs - 1) + k;
+            if (k < cs && src >= 0) { acc[k] += dp * tof(z[((long)b * T + src) * Ch + c]); }
+        }
+    }
+    for (int k = 0; k < cs; k++) { partial[(long)ch * Ch * cs + (long)c * cs + k] = acc[k]; }
+}
+static void conv_silu_backward(floatX* dz, float* dw, const float* dout, const floatX* pre, const floatX* z, const floatX* w,
+                               int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
+    conv_silu_backward_kernel<<<cdiv((long)B * T * Ch, 256), 256, 0, main_stream>>>(dz, dout, pre, w, B, T, Ch, cs, hm_D, H, Tp);
+    int nch = cdiv((long)B * T, COLSUM_ROWS);
+    conv_dw_partial_kernel<<<dim3(cdiv(Ch, 128), nch), 128, 0, main_stream>>>(colsum_partials(nch, Ch * cs), dout, pre, z,
+                                                                             B, T, Ch, cs, hm_D, H, Tp);
     cudaCheck(cudaGetLastError());
-    colsum_add(dw, wprod, (long)B * T, Ch * cs);
+    colsum_finish(dw, nch, Ch * cs);
 }
 
 // L2 norm over each head's K values (SPEC §3.3), scaled; input token-major (B, T, H*K), output head-major padded.
@@ -556,38 +597,55 @@ static void gate_forward(float* out, const floatX* pre, const floatX* a_log, con
     cudaCheck(cudaGetLastError());
 }
 
-// backward: dout (head-major fp32) -> dpre (token-major floatX, for the projection) and dpre_f (fp32, the dt_bias
-// column sum); kind 1 also writes alog_prod (B*T, H) with Σ_j dout * out for A_log's column sum
-__global__ void gate_backward_kernel(floatX* dpre, float* dpre_f, float* alog_prod, const float* dout, const float* out,
+// backward, one thread per element: dout (head-major fp32) -> dpre (token-major floatX, for the projection) and, for
+// the decay (kind 1), dpre_f (fp32: summed over tokens it is dt_bias's gradient) and alog_el = dout * out (summed over
+// tokens and the head's channels it is A_log's gradient)
+__global__ void gate_backward_kernel(floatX* dpre, float* dpre_f, float* alog_el, const float* dout, const float* out,
                                      const floatX* pre, const floatX* a_log, const floatX* dt_bias, int kind, float bmax,
                                      int B, int T, int H, int gw, int Tp) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x; // over (B*T, H)
-    if (i >= (long)B * T * H) { return; }
-    int h = (int)(i % H);
-    long bt = i / H;
-    int t = (int)(bt % T), b = (int)(bt / T);
-    float alog = 0.0f;
-    for (int j = 0; j < gw; j++) {
-        int c = h * gw + j;
-        long ih = hm_index(b, t, c, H, gw, Tp), it = bt * H * gw + c;
-        float d = dout[ih], o = out[ih], dp;
-        if (kind == 0) {
-            float s = o / bmax;
-            dp = d * bmax * s * (1.0f - s);
-        } else {
-            dp = d * -expf(tof(a_log[h])) * sigmoidf_(tof(pre[it]) + tof(dt_bias[c]));
-            alog += d * o;
-        }
-        dpre[it] = fromf<floatX>(dp);
-        if (dpre_f) { dpre_f[it] = dp; }
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long)B * T * H * gw) { return; }
+    int c = (int)(i % (H * gw));
+    long bt = i / (H * gw);
+    int t = (int)(bt % T), b = (int)(bt / T), h = c / gw;
+    long ih = hm_index(b, t, c, H, gw, Tp);
+    float d = dout[ih], o = out[ih], dp;
+    if (kind == 0) {
+        float sg = o / bmax;
+        dp = d * bmax * sg * (1.0f - sg);
+    } else {
+        dp = d * -expf(tof(a_log[h])) * sigmoidf_(tof(pre[i]) + tof(dt_bias[c]));
+        dpre_f[i] = dp;
+        alog_el[i] = d * o;
     }
-    if (alog_prod) { alog_prod[i] = alog; }
+    dpre[i] = fromf<floatX>(dp);
 }
-static void gate_backward(floatX* dpre, float* dpre_f, float* alog_prod, const float* dout, const float* out, const floatX* pre,
-                          const floatX* a_log, const floatX* dt_bias, int kind, float bmax, int B, int T, int H, int gw, int Tp) {
-    gate_backward_kernel<<<cdiv((long)B * T * H, 256), 256, 0, main_stream>>>(dpre, dpre_f, alog_prod, dout, out, pre, a_log,
-                                                                              dt_bias, kind, bmax, B, T, H, gw, Tp);
+// out[h] += Σ_j in[h * gw + j] (A_log from the per-channel column sums of a channel decay)
+__global__ void sum_groups_kernel(float* out, const float* in, int H, int gw) {
+    int h = threadIdx.x;
+    if (h >= H) { return; }
+    float s = 0.0f;
+    for (int j = 0; j < gw; j++) { s += in[h * gw + j]; }
+    out[h] += s;
+}
+// gradient of a gate; for the decay also of its parameters: ddt_bias (H*gw) and da_log (H) accumulate
+static void gate_backward(floatX* dpre, float* dpre_f, float* alog_el, float* ddt_bias, float* da_log, float* tmp,
+                          const float* dout, const float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias,
+                          int kind, float bmax, int B, int T, int H, int gw, int Tp) {
+    long n = (long)B * T * H * gw;
+    gate_backward_kernel<<<cdiv(n, 256), 256, 0, main_stream>>>(dpre, dpre_f, alog_el, dout, out, pre, a_log, dt_bias, kind,
+                                                                bmax, B, T, H, gw, Tp);
     cudaCheck(cudaGetLastError());
+    if (kind == 1) {
+        colsum_add(ddt_bias, dpre_f, (long)B * T, H * gw);
+        if (gw == 1) { colsum_add(da_log, alog_el, (long)B * T, H); }
+        else {
+            cudaCheck(cudaMemsetAsync(tmp, 0, (size_t)H * gw * sizeof(float), main_stream));
+            colsum_add(tmp, alog_el, (long)B * T, H * gw);
+            sum_groups_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(da_log, tmp, H, gw);
+            cudaCheck(cudaGetLastError());
+        }
+    }
 }
 
 // Output norm (RMSNorm over V, weight shared by the heads) and optional sigmoid gate (SPEC §3.8).
@@ -744,77 +802,148 @@ __global__ void sumsq_final_kernel(float* out, const float* partial, int n) {
 // tensor, so its (C, X) matrix starts at X + q*C*X_width; per-chunk (C, C) matrices start at q*C*C and the
 // states (K, V) at q*K*V.
 
-// 3a. diagonal preconditioner (SPEC §3.6), one thread per key channel, sequential over tokens.
-// k (hm floatX), gp, bp (hm (B,H,Tp) fp32) -> kt (hm floatX), astat (hm fp32, a_t for the backward).
-// a0 (B,H,K) fp32 or null; a_final (B,H,K) or null (may equal a0).
-__global__ void precond_diag_forward_kernel(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
-                                            const floatX* log_atk_scale, const float* a0, float* a_final,
-                                            int H, int T, int Tp, int K, float lnx, float eps) {
+// 3a. diagonal preconditioner (SPEC §3.6). The statistic is a linear recurrence per key channel,
+// a_t = d_t a_{t-1} + u_t with d_t = exp(gP_t), u_t = betaP_t k̂_t², computed chunk-parallel in three passes:
+// (1) every chunk scans from zero (all chunks at once), (2) one short sequential pass carries the chunk-start values
+// across the NC chunk boundaries, (3) every token adds exp(GP_t) * carry (GP = cumsum of gP inside the chunk, <= 0) and
+// forms the write key k̃ = exp(-ln(x) s(r)) k̂. One thread per channel, one block per chunk (or per head in pass 2).
+// Rows are head-major padded (B, H, Tp); padded rows have k̂ = 0, gP = 0: they change nothing.
+
+// pass 1: loc (hm fp32, the chunk-local scan), GPc (rows: cumsum of gP in the chunk), cend (nq, K): loc at the chunk
+// end, cdec (nq): exp(Σ gP over the chunk)
+__global__ void precond_local_kernel(float* loc, float* GPc, float* cend, float* cdec, const floatX* k, const float* gp,
+                                     const float* bp, int C, int K) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    if (j >= K) { return; }
+    float a = 0.0f, G = 0.0f;
+    for (int i = 0; i < C; i++) {
+        long row = r0 + i;
+        float kj = tof(k[row * K + j]), g = gp[row];
+        a = expf(g) * a + bp[row] * kj * kj;
+        G += g;
+        loc[row * K + j] = a;
+        if (j == 0) { GPc[row] = G; }
+    }
+    cend[q * K + j] = a;
+    if (j == 0) { cdec[q] = expf(G); }
+}
+
+// pass 2: carry[q] = a at the start of chunk q (from a0 or 0); a_final optional (may equal a0)
+__global__ void precond_carry_kernel(float* carry, const float* cend, const float* cdec, const float* a0, float* a_final,
+                                     int NC, int K) {
     int bh = blockIdx.x, j = threadIdx.x;
     if (j >= K) { return; }
-    float a = a0 ? a0[(long)bh * K + j] : 0.0f, c = tof(log_atk_scale[bh % H]);
-    long base = (long)bh * Tp;
-    for (int t = 0; t < T; t++) {
-        long row = base + t;
-        float kj = tof(k[row * K + j]);
-        a = expf(gp[row]) * a + bp[row] * kj * kj;
-        float r = logf(a + eps) - c;
-        float s = r / (1.0f + fabsf(r));
-        astat[row * K + j] = a;
-        kt[row * K + j] = fromf<floatX>(expf(-lnx * s) * kj);
+    float a = a0 ? a0[(long)bh * K + j] : 0.0f;
+    for (int c = 0; c < NC; c++) {
+        long q = (long)bh * NC + c;
+        carry[q * K + j] = a;
+        a = cdec[q] * a + cend[q * K + j];
     }
     if (a_final) { a_final[(long)bh * K + j] = a; }
 }
 
-// backward, reverse scan carrying abar = dL/da_t: dk (hm fp32) +=; per-channel contributions to dgp and dbp go to
-// cg, cb (hm fp32, summed over channels by precond_diag_reduce_kernel); dc (B*H) = this head's dlog_atk_scale part
-__global__ void precond_diag_backward_kernel(float* dk, float* cg, float* cb, float* dc, const float* dkt, const floatX* k,
-                                             const float* gp, const float* bp, const float* astat, const floatX* log_atk_scale,
-                                             int H, int T, int Tp, int K, float lnx, float eps) {
-    int bh = blockIdx.x, j = threadIdx.x;
-    float abar = 0.0f, dcs = 0.0f, c = tof(log_atk_scale[bh % H]);
-    long base = (long)bh * Tp;
+// pass 3: astat (hm fp32) = loc + exp(GPc) carry; k̃ (hm floatX)
+__global__ void precond_fix_kernel(floatX* kt, float* astat, const float* loc, const float* GPc, const float* carry,
+                                   const floatX* k, const floatX* log_atk_scale, int H, int NC, int C, int K, float lnx, float eps) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    if (j >= K) { return; }
+    float cj = carry[q * K + j], c = tof(log_atk_scale[(q / NC) % H]);
+    for (int i = 0; i < C; i++) {
+        long row = r0 + i;
+        float a = loc[row * K + j] + expf(GPc[row]) * cj;
+        float r = logf(a + eps) - c;
+        float sq = r / (1.0f + fabsf(r));
+        astat[row * K + j] = a;
+        kt[row * K + j] = fromf<floatX>(expf(-lnx * sq) * tof(k[row * K + j]));
+    }
+}
+
+// the backward is the reverse recurrence abar_t = l_t + d_{t+1} abar_{t+1} (abar = dL/da_t) with the local term
+// l_t = dr_t / (a_t + eps) from the write key, again in three passes. pass 1 (per chunk, reverse): dk += g m (the
+// direct path), the local reverse scan abl (hm fp32, from zero at the chunk end), cfirst (nq, K) = abl at the chunk's
+// first row, and dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order)
+__global__ void precond_local_bwd_kernel(float* dk, float* abl, float* cfirst, float* dcp, const float* dkt, const floatX* k,
+                                         const float* gp, const float* astat, const floatX* log_atk_scale, int H, int NC,
+                                         int C, int K, float lnx, float eps) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    float acc = 0.0f, dcs = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
     if (j < K) {
-        for (int t = T - 1; t >= 0; t--) {
-            long row = base + t;
-            float kj = tof(k[row * K + j]), a = astat[row * K + j], decay = expf(gp[row]);
+        for (int i = C - 1; i >= 0; i--) {
+            long row = r0 + i;
+            float kj = tof(k[row * K + j]), a = astat[row * K + j], g = dkt[row * K + j];
             float r = logf(a + eps) - c;
-            float s = r / (1.0f + fabsf(r));
-            float m = expf(-lnx * s);
-            float g = dkt[row * K + j];
-            float ds = g * kj * -lnx * m;
-            float dr = ds / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
+            float sq = r / (1.0f + fabsf(r));
+            float m = expf(-lnx * sq);
+            float dr = g * kj * -lnx * m / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
             dcs -= dr;
-            abar += dr / (a + eps);
-            float aprev = t > 0 ? astat[(row - 1) * K + j] : 0.0f;
-            cg[row * K + j] = abar * aprev * decay;
-            cb[row * K + j] = abar * kj * kj;
-            dk[row * K + j] += g * m + 2.0f * bp[row] * kj * abar;
-            abar *= decay;
+            dk[row * K + j] += g * m;
+            acc = dr / (a + eps) + (i + 1 < C ? expf(gp[row + 1]) : 0.0f) * acc;
+            abl[row * K + j] = acc;
         }
+        cfirst[q * K + j] = acc;
     }
     float tot = block_sum(j < K ? dcs : 0.0f);
-    if (threadIdx.x == 0) { dc[bh] = tot; }
+    if (threadIdx.x == 0) { dcp[q] = tot; }
 }
 
-// dgp[row] = Σ_j cg[row, j], dbp likewise, in channel order
-__global__ void precond_diag_reduce_kernel(float* dgp, float* dbp, const float* cg, const float* cb, long rows, int K) {
-    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= rows) { return; }
-    float sg = 0.0f, sb = 0.0f;
-    for (int j = lane; j < K; j += 32) { sg += cg[row * K + j]; sb += cb[row * K + j]; }
-    sg = warp_sum(sg);
-    sb = warp_sum(sb);
-    if (lane == 0) { dgp[row] = sg; dbp[row] = sb; }
+// pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse
+__global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, const float* GPc, const float* gp, int NC, int C, int K) {
+    int bh = blockIdx.x, j = threadIdx.x;
+    if (j >= K) { return; }
+    float in = 0.0f;
+    for (int c = NC - 1; c >= 0; c--) {
+        long q = (long)bh * NC + c, r0 = q * C;
+        incoming[q * K + j] = in;
+        // abar at this chunk's first row = local + (Π of the chunk's later decays) * incoming
+        float first = cfirst[q * K + j] + expf(GPc[r0 + C - 1] - GPc[r0]) * in;
+        in = expf(gp[r0]) * first;
+    }
 }
 
-// dlog_atk_scale[h] += Σ_b dc[b, h], in batch order
-__global__ void precond_dc_kernel(float* dlas, const float* dc, int B, int H) {
+// pass 3: abar_t = abl_t + exp(GPc_last - GPc_t) incoming; dk += 2 betaP k abar; per token, dgP = Σ_j abar a_{t-1} d_t
+// and dbetaP = Σ_j abar k² (block sums in channel order; K threads, K a multiple of 32)
+__global__ void precond_fix_bwd_kernel(float* dk, float* dgp, float* dbp, const float* abl, const float* incoming,
+                                       const float* GPc, const float* gp, const float* bp, const float* astat, const floatX* k,
+                                       int NC, int C, int K) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    __shared__ float part[2][32];
+    int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
+    float in = j < K ? incoming[q * K + j] : 0.0f, glast = GPc[r0 + C - 1];
+    for (int i = 0; i < C; i++) {
+        long row = r0 + i;
+        float sg = 0.0f, sb = 0.0f;
+        if (j < K) {
+            float ab = abl[row * K + j] + expf(glast - GPc[row]) * in;
+            float kj = tof(k[row * K + j]);
+            float aprev = (i > 0 || q % NC != 0) ? astat[(row - 1) * K + j] : 0.0f;
+            sg = ab * aprev * expf(gp[row]);
+            sb = ab * kj * kj;
+            dk[row * K + j] += 2.0f * bp[row] * kj * ab;
+        }
+        sg = warp_sum(sg);
+        sb = warp_sum(sb);
+        if (lane == 0) { part[0][warp] = sg; part[1][warp] = sb; }
+        __syncthreads();
+        if (j == 0) {
+            float tg = 0.0f, tb = 0.0f;
+            for (int w = 0; w < nw; w++) { tg += part[0][w]; tb += part[1][w]; }
+            dgp[row] = tg;
+            dbp[row] = tb;
+        }
+        __syncthreads();
+    }
+}
+
+// dlog_atk_scale[h] += Σ over (b, chunk) of dcp, in order
+__global__ void precond_dc_kernel(float* dlas, const float* dcp, int B, int H, int NC) {
     int h = threadIdx.x;
     if (h >= H) { return; }
     float s = 0.0f;
-    for (int b = 0; b < B; b++) { s += dc[b * H + h]; }
+    for (int b = 0; b < B; b++) { for (int c = 0; c < NC; c++) { s += dcp[((long)b * H + h) * NC + c]; } }
     dlas[h] += s;
 }
 
@@ -1171,6 +1300,168 @@ __global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float*
     }
 }
 
+#ifndef ENABLE_FP32
+// The same two scans on tensor cores (bf16 WMMA 16x16x16, fp32 accumulation), for K and C multiples of 16 and V of
+// SCAN_BV. One block of 4 warps per (b, h, 32 value columns). The state S stays fp32 in shared memory; its bf16 copy
+// Sb is the MMA operand (and what hstate stores), as in the fp32 scan's use of the stored V'. W, Kd, Qg and dO are
+// read as MMA tiles straight from global memory (Kdᵀ, Qgᵀ, Wᵀ as column-major views of the row-major tiles).
+using namespace nvcuda;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
+typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragAT;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
+typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+
+__global__ void __launch_bounds__(128) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, const floatX* W, const floatX* U,
+                                                                  const floatX* Kd, const float* G, const float* S0,
+                                                                  float* S_final, ChunkShape s) {
+    extern __shared__ __align__(32) unsigned char smem_raw[];
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
+    float* S = (float*)smem_raw;                                   // K x 32 fp32
+    float* Vt = S + K * SCAN_BV;                                   // C x 32 fp32
+    __nv_bfloat16* Sb = (__nv_bfloat16*)(Vt + C * SCAN_BV);        // K x 32
+    __nv_bfloat16* Vb = Sb + K * SCAN_BV;                          // C x 32
+    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+        int a = e / SCAN_BV, c = e % SCAN_BV;
+        S[e] = S0 ? S0[((long)bh * K + a) * V + v0 + c] : 0.0f;
+        Sb[e] = __float2bfloat16(S[e]);
+    }
+    __syncthreads();
+    int mt = C / 16, kt = K / 16;
+    for (int ch = 0; ch < s.NC; ch++) {
+        long q = (long)bh * s.NC + ch, r0 = q * C;
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            hstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = Sb[e];
+        }
+        // Vt = W Sb: (C x K)(K x 32), output tiles (mt x 2)
+        for (int t = warp; t < mt * 2; t += 4) {
+            int i = t / 2, j = t % 2;
+            FragC acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int k = 0; k < kt; k++) {
+                FragA a;
+                FragB b;
+                wmma::load_matrix_sync(a, W + (r0 + 16 * i) * K + 16 * k, K);
+                wmma::load_matrix_sync(b, Sb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Vt + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) { // V' = U - W S, rounded once
+            long gidx = (r0 + e / SCAN_BV) * V + v0 + e % SCAN_BV;
+            __nv_bfloat16 vx = __float2bfloat16(tof(U[gidx]) - Vt[e]);
+            Vb[e] = vx;
+            Vn[gidx] = vx;
+        }
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV;
+            float gl = s.gk ? G[(r0 + C - 1) * gw + (gw > 1 ? a : 0)] : 0.0f;
+            S[e] *= expf(gl);
+        }
+        __syncthreads();
+        // S += Kdᵀ V': (K x C)(C x 32), output tiles (kt x 2) accumulated onto S
+        for (int t = warp; t < kt * 2; t += 4) {
+            int i = t / 2, j = t % 2;
+            FragC acc;
+            wmma::load_matrix_sync(acc, S + 16 * i * SCAN_BV + 16 * j, SCAN_BV, wmma::mem_row_major);
+            for (int k = 0; k < mt; k++) {
+                FragAT a;
+                FragB b;
+                wmma::load_matrix_sync(a, Kd + (r0 + 16 * k) * K + 16 * i, K);
+                wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(S + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { Sb[e] = __float2bfloat16(S[e]); }
+        __syncthreads();
+    }
+    if (S_final) {
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { S_final[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = S[e]; }
+    }
+}
+
+// backward scan on tensor cores: dhstate[c] = dS; dV' = dVloc + Kd dS; dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'
+__global__ void __launch_bounds__(128) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const float* dVloc,
+                                                                   const floatX* dO, const floatX* W, const floatX* Qg,
+                                                                   const floatX* Kd, const float* G, float* dS0, ChunkShape s) {
+    extern __shared__ __align__(32) unsigned char smem_raw[];
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
+    float* dS = (float*)smem_raw;                                  // K x 32
+    float* Vt = dS + K * SCAN_BV;                                  // C x 32
+    __nv_bfloat16* dSb = (__nv_bfloat16*)(Vt + C * SCAN_BV);       // K x 32
+    __nv_bfloat16* Vb = dSb + K * SCAN_BV;                         // C x 32
+    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dS[e] = 0.0f; dSb[e] = __float2bfloat16(0.0f); }
+    __syncthreads();
+    int mt = C / 16, kt = K / 16;
+    for (int ch = s.NC - 1; ch >= 0; ch--) {
+        long q = (long)bh * s.NC + ch, r0 = q * C;
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            dhstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dSb[e];
+        }
+        // dV' = dVloc + Kd dSb: (C x K)(K x 32)
+        for (int t = warp; t < mt * 2; t += 4) {
+            int i = t / 2, j = t % 2;
+            FragC acc;
+            wmma::load_matrix_sync(acc, dVloc + (r0 + 16 * i) * V + v0 + 16 * j, V, wmma::mem_row_major);
+            for (int k = 0; k < kt; k++) {
+                FragA a;
+                FragB b;
+                wmma::load_matrix_sync(a, Kd + (r0 + 16 * i) * K + 16 * k, K);
+                wmma::load_matrix_sync(b, dSb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(Vt + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) {
+            __nv_bfloat16 vx = __float2bfloat16(Vt[e]);
+            Vb[e] = vx;
+            dVn[(r0 + e / SCAN_BV) * V + v0 + e % SCAN_BV] = vx;
+        }
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV;
+            float gl = s.gk ? G[(r0 + C - 1) * gw + (gw > 1 ? a : 0)] : 0.0f;
+            dS[e] *= expf(gl);
+        }
+        __syncthreads();
+        // dS += Qgᵀ dO - Wᵀ dV': (K x C)(C x 32)
+        for (int t = warp; t < kt * 2; t += 4) {
+            int i = t / 2, j = t % 2;
+            FragC acc, neg;
+            wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_BV + 16 * j, SCAN_BV, wmma::mem_row_major);
+            wmma::fill_fragment(neg, 0.0f);
+            for (int k = 0; k < mt; k++) {
+                FragAT a;
+                FragB b;
+                wmma::load_matrix_sync(a, Qg + (r0 + 16 * k) * K + 16 * i, K);
+                wmma::load_matrix_sync(b, dO + (r0 + 16 * k) * V + v0 + 16 * j, V);
+                wmma::mma_sync(acc, a, b, acc);
+                wmma::load_matrix_sync(a, W + (r0 + 16 * k) * K + 16 * i, K);
+                wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
+                wmma::mma_sync(neg, a, b, neg);
+            }
+            for (int e = 0; e < acc.num_elements; e++) { acc.x[e] -= neg.x[e]; }
+            wmma::store_matrix_sync(dS + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dSb[e] = __float2bfloat16(dS[e]); }
+        __syncthreads();
+    }
+    if (dS0) {
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dS0[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dS[e]; }
+    }
+}
+
+static bool scan_uses_wmma(const ChunkShape& s) { return s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0; }
+static size_t smem_scan_wmma(const ChunkShape& s) {
+    return (size_t)(s.K + s.C) * SCAN_BV * sizeof(float) + (size_t)(s.K + s.C) * SCAN_BV * 2;
+}
+#endif
+
 // scalar / no decay: dPm = lower-with-diagonal(dP) ⊙ E (floatX); from dA (fp32, the sum of the two GEMMs):
 // strict lower, dbetaA_i = Σ_j dA_ij Mk_ij, dMm = beta_i dA ⊙ E (floatX). One warp per row.
 __global__ void bwd_scores_mask_kernel(floatX* dPm, floatX* dMm, float* dbetaA, const float* dP, const float* dA,
@@ -1260,6 +1551,7 @@ __global__ void bwd_finish_kernel(float* dq, float* dkh, float* dkt, float* dv, 
     float* Kx = Gc + C * K;      // C * K: k̃ ⊙ (dKd exp(G_n - G)), for the last row's extra term
     float* extra = Kx + C * K;   // K
     float* rows = extra + K;     // C: scalar decay, dG per row
+    float* hsum = rows + C;      // K: Σ_v dS ⊙ S per state row
     long q = blockIdx.x, r0 = q * C;
     int n1 = C - 1;
     for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
@@ -1284,12 +1576,19 @@ __global__ void bwd_finish_kernel(float* dq, float* dkh, float* dkt, float* dv, 
     }
     __syncthreads();
     if (s.gk) {
-        // the last row's extra terms, per channel: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) and e^G_n ⊙ Σ_v dS ⊙ S
+        // the last row's extra terms, per channel: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) and e^G_n ⊙ Σ_v dS ⊙ S (a warp per row)
+        int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+        for (int a = warp; a < K; a += nw) {
+            float sum = 0.0f;
+            for (int c = lane; c < V; c += 32) { sum += tof(dhstate[(q * K + a) * V + c]) * tof(hstate[(q * K + a) * V + c]); }
+            sum = warp_sum(sum);
+            if (lane == 0) { hsum[a] = sum; }
+        }
+        __syncthreads();
         for (int a = threadIdx.x; a < K; a += blockDim.x) {
-            float sum = 0.0f, kx = 0.0f;
-            for (int c = 0; c < V; c++) { sum += tof(dhstate[(q * K + a) * V + c]) * tof(hstate[(q * K + a) * V + c]); }
+            float kx = 0.0f;
             for (int i = 0; i < C; i++) { kx += Kx[i * K + a]; }
-            extra[a] = kx + expf(G[(r0 + n1) * gw + (chan ? a : 0)]) * sum;
+            extra[a] = kx + expf(G[(r0 + n1) * gw + (chan ? a : 0)]) * hsum[a];
         }
         __syncthreads();
         if (chan) {
@@ -1354,13 +1653,14 @@ struct MixerScratch {
     float *dP, *dA, *dbetaA;
     floatX *dPm, *dMm;
     float *dq_s, *dkh_s, *dkt_s;
+    float *pc_loc, *pc_a, *pc_b, *pc_c;             // diagonal preconditioner scan: (rows, K), (nq, K) x 2, (nq)
 };
 
 static size_t smem_scores_channel(const ChunkShape& s) { return (size_t)4 * s.C * (s.K + 1) * sizeof(float); }
 static size_t smem_scores_channel_bwd(const ChunkShape& s) { return (size_t)(4 * s.C * (s.K + 1) + 2 * s.C * s.C) * sizeof(float); }
 static size_t smem_state_fwd(const ChunkShape& s) { return (size_t)(s.K * SCAN_BV + s.C * SCAN_BV + s.C * (s.K + 1)) * sizeof(float); }
 static size_t smem_state_bwd(const ChunkShape& s) { return (size_t)(s.K * SCAN_BV + 2 * s.C * SCAN_BV + 2 * s.C * (s.K + 1)) * sizeof(float); }
-static size_t smem_finish(const ChunkShape& s) { return (size_t)(2 * s.C * s.K + s.K + s.C) * sizeof(float); }
+static size_t smem_finish(const ChunkShape& s) { return (size_t)(2 * s.C * s.K + 2 * s.K + s.C) * sizeof(float); }
 
 // raise the dynamic shared-memory limits once (above 48 KB needs an opt-in); the limit is what the device allows a
 // block minus the kernel's own static shared memory
@@ -1377,6 +1677,10 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(state_forward_kernel, optin);
     allow_dynamic_smem(state_backward_kernel, optin);
     allow_dynamic_smem(bwd_finish_kernel, optin);
+#ifndef ENABLE_FP32
+    allow_dynamic_smem(state_forward_wmma_kernel, optin);
+    allow_dynamic_smem(state_backward_wmma_kernel, optin);
+#endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
     allow_dynamic_smem(precond_exact_backward_kernel, optin);
 }
@@ -1418,6 +1722,12 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     }
     {
     PROF("mixer.fwd.scan");
+#ifndef ENABLE_FP32
+    if (scan_uses_wmma(s)) {
+        state_forward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 128, smem_scan_wmma(s), main_stream>>>(
+            sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
+    } else
+#endif
     state_forward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_fwd(s), main_stream>>>(
         sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
     cudaCheck(cudaGetLastError());
@@ -1441,6 +1751,12 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     }
     {
     PROF("mixer.bwd.scan");
+#ifndef ENABLE_FP32
+    if (scan_uses_wmma(s)) {
+        state_backward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 128, smem_scan_wmma(s), main_stream>>>(
+            sc->dhstate, sc->dVn, sc->dVloc, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
+    } else
+#endif
     state_backward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_bwd(s), main_stream>>>(
         sc->dhstate, sc->dVn, sc->dVloc, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
     cudaCheck(cudaGetLastError());
@@ -1552,7 +1868,7 @@ struct LayerActs {
     float *q_rstd, *k_rstd;                    // (N, H)
     floatX* beta_pre; float* beta;             // (N, H); hm rows
     floatX *f1, *g_pre; float* g;              // (N, V); (N, H*gw); hm (rows, gw)
-    floatX *gp_pre, *bp_pre; float *gp, *betap, *astat, *pstate;
+    floatX *gp_pre, *bp_pre; float *gp, *betap, *astat, *gpc, *pstate;  // gpc: chunk-local cumsum of gP (rows)
     MixerSaved mx;
     floatX* on; float* o_rstd;                 // (N, HV), (N*H)
     floatX *g1, *gz, *og;                      // output gate; og = on without it
@@ -1564,7 +1880,7 @@ struct GradBufs {
     float *dresid, *dh, *dln1, *dln2, *dma, *dog, *dgz_f, *dg1, *df1, *dlnf, *wprod;
     floatX *dresid_x, *dh_x, *dmg_x, *dmu_x, *dgz_x, *dg1_x, *df1_x, *dO_x, *dqp_x, *dkp_x, *dvp_x;
     floatX *dbeta_pre_x, *dg_pre_x, *dgp_pre_x, *dbp_pre_x;
-    float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *cg, *cb, *dc, *dqs, *dks, *dg_pre_f, *alog_prod, *pbuf;
+    float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dqs, *dks, *dg_pre_f, *alog_prod, *pbuf;
     int *bucket_tok, *bucket_start, *bucket_pos;
 };
 
@@ -1592,7 +1908,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
     int C = m->C, NC = (T + C - 1) / C, Tp = NC * C;
     a.Tp = Tp; a.NC = NC;
     int d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c), I = c->mlp_hidden, L = c->n_layer;
-    int gk = decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V, cs = c->conv_size;
+    int gk = decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
     a.cs = ChunkShape{B, H, T, Tp, C, NC, K, V, gk, (long)B * H * NC};
     long N = (long)B * T, rows = (long)B * H * Tp, nq = a.cs.nq, CC = (long)C * C;
     int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
@@ -1614,7 +1930,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         if (gk) { ar.add(&la.g_pre, N * H * gw); ar.add(&la.g, rows * gw); }
         if (diag) {
             ar.add(&la.gp_pre, N * H); ar.add(&la.bp_pre, N * H); ar.add(&la.gp, rows); ar.add(&la.betap, rows);
-            ar.add(&la.astat, rows * K);
+            ar.add(&la.astat, rows * K); ar.add(&la.gpc, rows);
         }
         if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * K * K); }
         MixerSaved& mx = la.mx;
@@ -1634,6 +1950,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
     memset(&sc, 0, sizeof(sc));
     ar.add(&sc.Mraw, nq * CC); ar.add(&sc.Praw, nq * CC); ar.add(&sc.A, nq * CC); ar.add(&sc.Tinv, nq * CC);
     ar.add(&sc.X, rows * K); ar.add(&sc.Y, rows * V);
+    if (diag) { ar.add(&sc.pc_loc, rows * K); ar.add(&sc.pc_a, nq * K); ar.add(&sc.pc_b, nq * K); ar.add(&sc.pc_c, nq); }
     GradBufs& g = a.gb;
     memset(&g, 0, sizeof(g));
     if (with_grads) {
@@ -1643,7 +1960,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         ar.add(&sc.dP, nq * CC); ar.add(&sc.dA, nq * CC); ar.add(&sc.dbetaA, rows);
         ar.add(&sc.dPm, nq * CC); ar.add(&sc.dMm, nq * CC);
         ar.add(&sc.dq_s, rows * K); ar.add(&sc.dkh_s, rows * K); ar.add(&sc.dkt_s, rows * K);
-        long wp = N * std::max({(long)d, (long)HK * cs, (long)HV * cs, (long)HV, (long)I});
+        long wp = N * HV + (long)H * gw; // o_norm's weight products (B*T*H, V); also the gates' small scratch
         ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln1, N * d); ar.add(&g.dln2, N * d);
         ar.add(&g.dma, N * I); ar.add(&g.dog, N * HV); ar.add(&g.dlnf, N * d); ar.add(&g.wprod, wp);
         ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
@@ -1653,10 +1970,9 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         if (chan) { ar.add(&g.df1, N * V); ar.add(&g.df1_x, N * V); }
         if (gk) { ar.add(&g.dg_pre_x, N * H * gw); ar.add(&g.dg, rows * gw); }
         ar.add(&g.dg_pre_f, N * H * gw);
-        ar.add(&g.alog_prod, N * H);
+        ar.add(&g.alog_prod, N * H * gw);
         if (diag) {
             ar.add(&g.dgp_pre_x, N * H); ar.add(&g.dbp_pre_x, N * H); ar.add(&g.dgp, rows); ar.add(&g.dbp, rows);
-            ar.add(&g.cg, rows * K); ar.add(&g.cb, rows * K); ar.add(&g.dc, (long)B * H);
         }
         if (exact) { ar.add(&g.pbuf, (long)B * H * (C + 1) * K * K); }
         ar.add(&g.dq, rows * K); ar.add(&g.dkh, rows * K); ar.add(&g.dkt, rows * K); ar.add(&g.dv, rows * V);
@@ -1755,9 +2071,13 @@ static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
         { PROF("fwd.precond");
         if (c->precond == PRECOND_DIAG) {
             float* a0 = rs ? rs->a + lb * H * K : nullptr;
-            precond_diag_forward_kernel<<<B * H, K, 0, main_stream>>>(la.kt, la.astat, la.kn, la.gp, la.betap,
-                                                                      PP(T_LOG_ATK_SCALE, l), a0, a0, H, T, Tp, K,
-                                                                      logf(c->squash_x), c->precond_eps);
+            MixerScratch& sc = a->sc;
+            int nq = (int)s.nq;
+            precond_local_kernel<<<nq, K, 0, main_stream>>>(sc.pc_loc, la.gpc, sc.pc_a, sc.pc_c, la.kn, la.gp, la.betap, m->C, K);
+            precond_carry_kernel<<<B * H, K, 0, main_stream>>>(sc.pc_b, sc.pc_a, sc.pc_c, a0, a0, a->NC, K);
+            precond_fix_kernel<<<nq, K, 0, main_stream>>>(la.kt, la.astat, sc.pc_loc, la.gpc, sc.pc_b, la.kn,
+                                                          PP(T_LOG_ATK_SCALE, l), H, a->NC, m->C, K, logf(c->squash_x),
+                                                          c->precond_eps);
             cudaCheck(cudaGetLastError());
         } else if (c->precond == PRECOND_EXACT) {
             float* P0 = rs ? rs->P + lb * H * K * K : nullptr;
@@ -1802,7 +2122,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     const PdnLayout* lay = &m->lay;
     int B = a->B, T = a->T, Tp = a->Tp, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
     int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), L = c->n_layer;
-    long N = (long)B * T, rows = (long)B * H * Tp;
+    long N = (long)B * T;
     float qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
     GradBufs& g = a->gb;
     int head = c->tie_embeddings ? T_WTE : T_LM_HEAD;
@@ -1810,7 +2130,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     cudaCheck(cudaMemsetAsync(g.dlnf, 0, N * d * sizeof(float), main_stream));
     cudaCheck(cudaMemsetAsync(g.dresid, 0, N * d * sizeof(float), main_stream));
     matmul_backward(g.dlnf, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
-    rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.wprod, g.dlnf, nullptr, a->resid + (long)L * N * d, nullptr,
+    rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.dlnf, nullptr, a->resid + (long)L * N * d, nullptr,
                      PP(T_FINAL_NORM, 0), a->lnf_rstd, N, d); }
     for (int l = L - 1; l >= 0; l--) {
         LayerActs& la = a->L[l];
@@ -1825,7 +2145,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         matmul_backward(g.dln2, GG(T_WGATE, l), g.dmg_x, la.ln2, PP(T_WGATE, l), (int)N, d, I);
         matmul_backward(g.dln2, GG(T_WUP, l), g.dmu_x, la.ln2, PP(T_WUP, l), (int)N, d, I);
         cudaCheck(cudaMemcpyAsync(g.dh, g.dresid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
-        rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.wprod, g.dln2, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d);
+        rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.dln2, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d);
         }
         // mixer: h = x + W_o og
         { PROF("bwd.o+onorm+gate");
@@ -1851,11 +2171,15 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                              la.kt, la.v, la.beta, c->precond == PRECOND_NONE, a->cs);
         { PROF("bwd.precond");
         if (c->precond == PRECOND_DIAG) {
-            precond_diag_backward_kernel<<<B * H, std::max(32, (K + 31) / 32 * 32), 0, main_stream>>>(
-                g.dkh, g.cg, g.cb, g.dc, g.dkt, la.kn, la.gp, la.betap, la.astat, PP(T_LOG_ATK_SCALE, l), H, T, Tp, K,
-                logf(c->squash_x), c->precond_eps);
-            precond_diag_reduce_kernel<<<cdiv(rows, 8), 256, 0, main_stream>>>(g.dgp, g.dbp, g.cg, g.cb, rows, K);
-            precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(GG(T_LOG_ATK_SCALE, l), g.dc, B, H);
+            MixerScratch& sc = a->sc;
+            int nq = (int)a->cs.nq, kthreads = std::max(32, (K + 31) / 32 * 32);
+            precond_local_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(g.dkh, sc.pc_loc, sc.pc_a, sc.pc_c, g.dkt, la.kn, la.gp,
+                                                                       la.astat, PP(T_LOG_ATK_SCALE, l), H, a->NC, m->C, K,
+                                                                       logf(c->squash_x), c->precond_eps);
+            precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(sc.pc_b, sc.pc_a, la.gpc, la.gp, a->NC, m->C, K);
+            precond_fix_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(g.dkh, g.dgp, g.dbp, sc.pc_loc, sc.pc_b, la.gpc, la.gp,
+                                                                     la.betap, la.astat, la.kn, a->NC, m->C, K);
+            precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(GG(T_LOG_ATK_SCALE, l), sc.pc_c, B, H, a->NC);
             cudaCheck(cudaGetLastError());
         } else if (c->precond == PRECOND_EXACT) {
             size_t sm = ((size_t)K * K + 5 * K) * sizeof(float);
@@ -1865,43 +2189,39 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         } }
         { PROF("bwd.gates");
         if (c->precond == PRECOND_DIAG) {
-            gate_backward(g.dgp_pre_x, g.dg_pre_f, g.alog_prod, g.dgp, la.gp, la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l),
-                          1, 1.0f, B, T, H, 1, Tp);
-            colsum_add(GG(T_DT_BIASP, l), g.dg_pre_f, N, H);
-            colsum_add(GG(T_A_LOGP, l), g.alog_prod, N, H);
-            gate_backward(g.dbp_pre_x, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr, nullptr, 0, 1.0f, B, T, H, 1, Tp);
+            gate_backward(g.dgp_pre_x, g.dg_pre_f, g.alog_prod, GG(T_DT_BIASP, l), GG(T_A_LOGP, l), g.wprod, g.dgp, la.gp,
+                          la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 1.0f, B, T, H, 1, Tp);
+            gate_backward(g.dbp_pre_x, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr,
+                          nullptr, 0, 1.0f, B, T, H, 1, Tp);
             matmul_backward(g.dln1, GG(T_WAP, l), g.dgp_pre_x, la.ln1, PP(T_WAP, l), (int)N, d, H);
             matmul_backward(g.dln1, GG(T_WBP, l), g.dbp_pre_x, la.ln1, PP(T_WBP, l), (int)N, d, H);
         }
         if (c->decay == DECAY_SCALAR) {
-            gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, g.dg, la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f,
-                          B, T, H, 1, Tp);
-            colsum_add(GG(T_DT_BIAS, l), g.dg_pre_f, N, H);
-            colsum_add(GG(T_A_LOG, l), g.alog_prod, N, H);
+            gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
+                          PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, Tp);
             matmul_backward(g.dln1, GG(T_WA, l), g.dg_pre_x, la.ln1, PP(T_WA, l), (int)N, d, H);
         } else if (c->decay == DECAY_CHANNEL) {
-            gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, g.dg, la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f,
-                          B, T, H, K, Tp);
-            colsum_add(GG(T_DT_BIAS, l), g.dg_pre_f, N, HK);
-            colsum_add(GG(T_A_LOG, l), g.alog_prod, N, H);
+            gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
+                          PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Tp);
             cudaCheck(cudaMemsetAsync(g.df1, 0, N * V * sizeof(float), main_stream));
             matmul_backward(g.df1, GG(T_WF2, l), g.dg_pre_x, la.f1, PP(T_WF2, l), (int)N, V, HK);
             to_floatX(g.df1_x, g.df1, N * V);
             matmul_backward(g.dln1, GG(T_WF1, l), g.df1_x, la.ln1, PP(T_WF1, l), (int)N, d, V);
         }
-        gate_backward(g.dbeta_pre_x, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr, 0, bmax, B, T, H, 1, Tp);
+        gate_backward(g.dbeta_pre_x, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
+                      0, bmax, B, T, H, 1, Tp);
         matmul_backward(g.dln1, GG(T_WB, l), g.dbeta_pre_x, la.ln1, PP(T_WB, l), (int)N, d, H); }
         { PROF("bwd.l2norm+conv");
         l2norm_backward(g.dqs, g.dq, la.qn, la.q_rstd, B, T, H, K, Tp, qscale);
         l2norm_backward(g.dks, g.dkh, la.kn, la.k_rstd, B, T, H, K, Tp, 1.0f);
-        conv_silu_backward(g.dqp_x, GG(T_CONV_Q, l), g.wprod, g.dqs, la.qc, la.qp, PP(T_CONV_Q, l), B, T, HK, cs, 0, H, Tp);
-        conv_silu_backward(g.dkp_x, GG(T_CONV_K, l), g.wprod, g.dks, la.kc, la.kp, PP(T_CONV_K, l), B, T, HK, cs, 0, H, Tp);
-        conv_silu_backward(g.dvp_x, GG(T_CONV_V, l), g.wprod, g.dv, la.vc, la.vp, PP(T_CONV_V, l), B, T, HV, cs, V, H, Tp); }
+        conv_silu_backward(g.dqp_x, GG(T_CONV_Q, l), g.dqs, la.qc, la.qp, PP(T_CONV_Q, l), B, T, HK, cs, 0, H, Tp);
+        conv_silu_backward(g.dkp_x, GG(T_CONV_K, l), g.dks, la.kc, la.kp, PP(T_CONV_K, l), B, T, HK, cs, 0, H, Tp);
+        conv_silu_backward(g.dvp_x, GG(T_CONV_V, l), g.dv, la.vc, la.vp, PP(T_CONV_V, l), B, T, HV, cs, V, H, Tp); }
         PROF("bwd.matmul.qkv+norm");
         matmul_backward(g.dln1, GG(T_WQ, l), g.dqp_x, la.ln1, PP(T_WQ, l), (int)N, d, HK);
         matmul_backward(g.dln1, GG(T_WK, l), g.dkp_x, la.ln1, PP(T_WK, l), (int)N, d, HK);
         matmul_backward(g.dln1, GG(T_WV, l), g.dvp_x, la.ln1, PP(T_WV, l), (int)N, d, HV);
-        rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.wprod, g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d);
+        rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d);
     }
     // embedding: group positions by token on the host (positions in increasing order), sum on the device
     PROF("bwd.embed");
