@@ -36,8 +36,13 @@ API:
 #define SHARD_HEADER_INTS 256
 #define SHARD_HEADER_BYTES 1024
 
-// shards over 2 GB need 64-bit file offsets (always so on 64-bit Linux and macOS)
+// shards over 2 GB need 64-bit file offsets (always so on 64-bit Linux and macOS). The trainers share this header
+// with train_pdn.cu, compiled as C++, which spells the assertion static_assert.
+#ifdef __cplusplus
+static_assert(sizeof(off_t) == 8, "64-bit off_t needed for shards over 2 GB: compile with -D_FILE_OFFSET_BITS=64");
+#else
 _Static_assert(sizeof(off_t) == 8, "64-bit off_t needed for shards over 2 GB: compile with -D_FILE_OFFSET_BITS=64");
+#endif
 
 typedef struct { int tok_bytes; uint64_t count; } ShardInfo;
 

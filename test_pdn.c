@@ -679,6 +679,9 @@ static void test_cli_errors(void) {
         {"-l", EXIT_USAGE, "needs a value"},
         {"-e /nonexistent.bin --generate 1 --prompt 1", EXIT_BADFILE, "cannot open"},
         {"--vocab 64 --mqar-vocab 128", EXIT_USAGE, "larger than the model's vocabulary"},
+        {"-j '/tmp/x_val_*.bin'", EXIT_USAGE, "-j (validation shards) needs -i"},
+        {"-m -1", EXIT_USAGE, "-m -1 (the whole validation split) is for text"},
+        {"-i '/nonexistent/x_train_*.bin'", EXIT_BADFILE, "no shard files match"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char cmd[512];
@@ -1575,6 +1578,181 @@ static void run_data_tests(void) {
 }
 // ==================================================================================================== end of data path tests
 
+// ---- text training (train_common.h's data source over token shards): shards written here, no ../shared needed
+
+#define TEXT_TMP "/tmp/pdn_test_text"
+#define TEXT_FLAGS "-i '" TEXT_TMP "/t_train_*.bin' -j '" TEXT_TMP "/t_val_*.bin'"
+
+// A corpus with something to learn: documents of 20..59 tokens, each the id 0 (an end-of-text) then a chain in which
+// token t is followed by 1 + (7t + 3) mod 31, except that 10% of the tokens are uniform in 1..31. Ids 0..31, so a
+// model sized from the data has a vocabulary of 32. One val shard of 700 tokens, two train shards of 1500.
+static void make_text_shards(void) {
+    CHECK(system("rm -rf " TEXT_TMP " && mkdir -p " TEXT_TMP) == 0, "cannot make " TEXT_TMP);
+    Rng r;
+    rng_seed(&r, 4242);
+    int ids[1500];
+    for (int s = 0; s < 3; s++) {
+        int n = 0, want = s == 0 ? 700 : 1500;
+        while (n < want) {
+            ids[n++] = 0;
+            int len = 20 + (int)rng_below(&r, 40), t = 1 + (int)rng_below(&r, 31);
+            for (int i = 0; i < len && n < want; i++) {
+                ids[n++] = t;
+                t = rng_uniform(&r) < 0.1 ? 1 + (int)rng_below(&r, 31) : 1 + (7 * t + 3) % 31;
+            }
+        }
+        char path[256];
+        snprintf(path, sizeof path, TEXT_TMP "/t_%s_%06d.bin", s == 0 ? "val" : "train", s);
+        shard_write(path, 2, ids, (size_t)n);
+    }
+}
+
+// the loss of the "step N/M" line for step `step` of a run's output; -1 if absent
+static double step_loss(const char* out, int step) {
+    char key[32];
+    snprintf(key, sizeof key, "step %5d/", step);
+    const char* p = strstr(out, key);
+    double l = -1;
+    if (p && (p = strstr(p, "loss "))) { sscanf(p, "loss %lf", &l); }
+    return l;
+}
+
+// the loss of the last "val | step" line; -1 if none
+static double last_val_loss(const char* out) {
+    double l = -1;
+    for (const char* p = strstr(out, "val | step"); p; p = strstr(p + 1, "val | step")) {
+        const char* q = strstr(p, "loss ");
+        if (q) { sscanf(q, "loss %lf", &l); }
+    }
+    return l;
+}
+
+static void test_text_learns(void) {
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny " TEXT_FLAGS " -b 8 -t 32 -x 60 -u 10 -v 30 -m -1 -o " TEXT_TMP "/learn");
+    double t0 = wall_seconds();
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    double first = step_loss(outbuf, 1), last = step_loss(outbuf, 60), val = last_val_loss(outbuf);
+    CHECK(rc == 0 && strstr(outbuf, "vocab 32 (the largest token id in the shards + 1)"), "text run (rc %d) did not size its "
+          "vocabulary from the data (ids 0..31):\n%s", rc, outbuf);
+    CHECK(rc == 0 && first > 3.0 && last > 0 && last < 0.6 * first, "text training: loss %.4f at step 1, %.4f at step 60 "
+          "(expected below 60%% of the first)", first, last);
+    CHECK(val > 0 && val < 0.6 * log(32.0) && strstr(outbuf, "val | step 30 | loss") && strstr(outbuf, "final val loss"),
+          "text training: val loss %.4f at the end (expected reported at steps 30 and 60, below 60%% of ln 32 = 3.47)", val);
+    printf("  text: tiny PGDN on 3,000 synthetic tokens (vocabulary 32 from the shards): loss %.3f -> %.3f in 60 steps, "
+           "val loss %.3f (the whole val split), %.1f s\n", first, last, val, wall_seconds() - t0);
+}
+
+static void test_text_resume(void) {
+    const char* flags = "--preset pgdn-tiny " TEXT_FLAGS " -b 4 -t 32 -d 256 -x 12 -n 6 -v 6 -m 2";
+    char cmd[2048], pa[512], pb[512];
+    // A uninterrupted (12 steps x 2 micro-batches = 24 windows: past the end of the 22-window epoch, so the resumed
+    // run must also re-derive the next epoch's shuffled order), then C resumed from A's step-6 files
+    snprintf(cmd, sizeof cmd, "./train_pdn %s -o " TEXT_TMP "/a && mkdir -p " TEXT_TMP "/c && cp " TEXT_TMP "/a/model_00000006.bin "
+             TEXT_TMP "/a/state_00000006.bin " TEXT_TMP "/c/ && ./train_pdn %s -o " TEXT_TMP "/c -y 1", flags, flags);
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 0 && strstr(outbuf, "resuming from"), "text resume runs failed (rc %d):\n%s", rc, outbuf);
+    log_losses(TEXT_TMP "/a", 7, 12, la, sizeof la);
+    log_losses(TEXT_TMP "/c", 7, 12, lb, sizeof lb);
+    CHECK(la[0] && strcmp(la, lb) == 0, "text: resumed losses differ from the uninterrupted run:\n%s---\n%s", la, lb);
+    int same = 1;
+    for (int k = 0; k < 2; k++) {
+        snprintf(pa, sizeof pa, TEXT_TMP "/a/%s_00000012.bin", k ? "state" : "model");
+        snprintf(pb, sizeof pb, TEXT_TMP "/c/%s_00000012.bin", k ? "state" : "model");
+        same &= files_equal(pa, pb);
+    }
+    CHECK(same, "text: the resumed run's final checkpoint or optimizer state differs from the uninterrupted run's");
+    FILE* f = fopen(TEXT_TMP "/a/state_00000012.bin", "rb");
+    char head[1024] = {0};
+    if (f) { size_t got = fread(head, 1, sizeof head - 1, f); head[got] = 0; fclose(f); }
+    CHECK(strstr(head, "\ndata_source text\ndata_state 9 "), "text state file: no 'data_source text' / 9-word data_state line");
+    printf("  text resume: steps 7-12 after resuming from step 6 (the data loader's 9-word position, across an epoch "
+           "boundary) reproduce the uninterrupted losses, parameters and moments bit for bit\n");
+
+    // the other kind of data source is refused on resume, both ways, with exit 1
+    snprintf(cmd, sizeof cmd, "mkdir -p " TEXT_TMP "/d && cp " TEXT_TMP "/a/model_00000006.bin " TEXT_TMP "/a/state_00000006.bin "
+             TEXT_TMP "/d/ && ./train_pdn --preset pgdn-tiny -b 4 -t 32 -d 256 --mqar-pairs 4 -x 12 -o " TEXT_TMP "/d -y 1");
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == EXIT_USAGE && strstr(outbuf, "written by a run training on text (-i), but this run trains on MQAR"),
+          "resuming a text checkpoint on MQAR: expected exit 1 and a clear reason, got rc %d:\n%s", rc, outbuf);
+    snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny -b 4 -t 32 -d 256 --mqar-pairs 4 -x 2 -v 0 -m 1 -o " TEXT_TMP
+             "/e > /dev/null && ./train_pdn --preset pgdn-tiny " TEXT_FLAGS " -b 4 -t 32 -d 256 -x 4 -o " TEXT_TMP "/e -y 1");
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == EXIT_USAGE && strstr(outbuf, "written by a run training on MQAR (no -i), but this run trains on text"),
+          "resuming an MQAR checkpoint on text: expected exit 1 and a clear reason, got rc %d:\n%s", rc, outbuf);
+    // ids beyond the model's vocabulary (a paper preset's 32000 against a larger tokenizer's shards, here 16 against 32)
+    snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny --vocab 16 " TEXT_FLAGS " -b 4 -t 32 -x 1");
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == EXIT_BADFILE && strstr(outbuf, "outside the model's vocabulary (16 tokens)"),
+          "text ids beyond --vocab 16: expected exit 2 from the loader's check, got rc %d:\n%s", rc, outbuf);
+    printf("  resuming a text checkpoint as MQAR and an MQAR checkpoint as text are refused (exit 1, saying which is "
+           "which); ids beyond --vocab are refused (exit 2)\n");
+}
+
+static void test_text_debug_state(void) {
+    const char* a = TEXT_TMP "/dbg_chunk.bin";
+    const char* b = TEXT_TMP "/dbg_token.bin";
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny " TEXT_FLAGS " -b 2 -t 40 --chunk 16 --debug-state %s && "
+             "./train_pdn --preset pgdn-tiny " TEXT_FLAGS " -b 2 -t 40 --mixer token --debug-state %s && ./test_pdn --compare %s %s",
+             a, b, a, b);
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 0 && strstr(outbuf, "PASS"), "text --debug-state, chunk vs token: rc %d:\n%s", rc, outbuf);
+    DebugState d;
+    debug_state_read(a, &d);
+    int shifted = d.B == 2 && d.T == 40 && d.cfg.vocab_size == 32;
+    for (int k = 0; k + 1 < d.B * d.T; k++) { shifted &= d.y[k] == d.x[k + 1]; }
+    CHECK(shifted, "text debug state: not one window of the training loader (targets = inputs shifted by one, vocab 32)");
+    free(d.x); free(d.y); free(d.logits); free(d.grads);
+    printf("  text --debug-state: one micro-batch of the training loader (targets = next tokens); test_pdn --compare "
+           "passes chunk vs token\n");
+}
+
+// print_text_escaped to a string
+static void escaped(const char* in, size_t n, char* out, size_t outn) {
+    FILE* f = fmemopen(out, outn, "w");
+    print_text_escaped(f, (const uint8_t*)in, n);
+    fclose(f);
+}
+
+// samples and text prompts need a tokenizer: the 700-token vocabulary the data path tests trained (run before this)
+static void test_text_tokenizer(void) {
+    const char* tok = DATA_TMP "/small/tokenizer.bin";
+    char out[256];
+    const char in[] = "a\\b\n\tc\x1b[2J\x7f\xc3\xa9\xc2\x9b\xff\xe2\x82";   // backslash, NL, tab, ESC, DEL, é, C1 CSI, bad, cut
+    escaped(in, sizeof in - 1, out, sizeof out);
+    CHECK(strcmp(out, "a\\\\b\n\tc\\x1b[2J\\x7f\xc3\xa9\\xc2\\x9b\\xff\\xe2\\x82") == 0, "print_text_escaped gave '%s'", out);
+    if (!file_exists(tok)) { n_fail++; printf("FAIL: %s not found (the data path tests make it)\n", tok); return; }
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny " TEXT_FLAGS " --tokenizer %s -b 4 -t 32 -x 4 -v 0 -m 1 -s 2 -g 8 "
+             "-o " TEXT_TMP "/tok", tok);
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 0 && strstr(outbuf, "vocab 700 (the tokenizer's)") && strstr(outbuf, "sample | step 2 | 8 tokens after <|endoftext|>:\n")
+          && strstr(outbuf, "sample | step 4 |"), "text with --tokenizer and -s 2: rc %d, no vocabulary 700 or no samples:\n%s", rc, outbuf);
+    snprintf(cmd, sizeof cmd, "(./train_pdn -e " TEXT_TMP "/tok/model_00000004.bin --tokenizer %s --generate 6 --prompt 'hello world' "
+             "--temperature 0 2>/dev/null)", tok);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 0 && strncmp(outbuf, "hello world", 11) == 0, "--generate with a text prompt: rc %d, output '%s'", rc, outbuf);
+    snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny --vocab 64 " TEXT_FLAGS " --tokenizer %s -b 4 -t 32 -x 1", tok);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == EXIT_USAGE && strstr(outbuf, "the tokenizer has 700 tokens, more than the model's vocabulary of 64"),
+          "a tokenizer larger than --vocab: expected exit 1, got rc %d:\n%s", rc, outbuf);
+    rc = run_cmd("./train_pdn -s 10 -x 1", outbuf, sizeof outbuf);
+    CHECK(rc == EXIT_USAGE && strstr(outbuf, "-s (samples) is for text"), "-s on MQAR: expected exit 1, got rc %d:\n%s", rc, outbuf);
+    printf("  text with a trained 700-token tokenizer: vocabulary from the tokenizer, decoded samples every -s steps, "
+           "--generate continues a text prompt; control bytes and bad UTF-8 printed escaped; a tokenizer larger than "
+           "--vocab and -s on MQAR refused (exit 1)\n");
+}
+
+static void run_text_tests(void) {
+    printf("text training:\n");
+    make_text_shards();
+    test_text_learns();
+    test_text_resume();
+    test_text_debug_state();
+    test_text_tokenizer();
+}
+
 // the CPU/GPU comparison tool: the two mixer forms agree (pass), a 1% change in one gradient element fails
 static void test_compare_tool(void) {
     const char* a = "/tmp/pdn_test_dbg_a.bin";
@@ -1622,6 +1800,7 @@ static void run_float_tests(void) {
     printf("learning:\n");
     test_mqar_learns();
     run_data_tests();
+    run_text_tests();
 }
 #endif
 

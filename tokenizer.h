@@ -427,7 +427,8 @@ static void tokenizer_build(Tokenizer* t, const TokenizerParts* p, const char* w
     t->eot_id = p->eot_id;
     if (t->eot_id >= 0) { t->is_special[t->eot_id] = 1; }
     // ordinary token bytes -> id (a vocabulary must not hold the same bytes twice, or merges would be ambiguous)
-    BytesMap ids = {0};
+    BytesMap ids;
+    memset(&ids, 0, sizeof ids);
     for (int b = 0; b < 256; b++) { t->byte_token[b] = -1; }
     for (int i = 0; i < V; i++) {
         const uint8_t* s = t->tok_bytes + t->tok_off[i];
@@ -446,7 +447,8 @@ static void tokenizer_build(Tokenizer* t, const TokenizerParts* p, const char* w
     t->merge_right = (int*)mallocCheck((size_t)p->n_merges * sizeof(int));
     t->merge_result = (int*)mallocCheck((size_t)p->n_merges * sizeof(int));
     pairmap_init(&t->ranks, (size_t)p->n_merges);
-    ByteBuf cat = {0};
+    ByteBuf cat;
+    memset(&cat, 0, sizeof cat);
     for (int r = 0; r < p->n_merges; r++) {
         int a = p->left[r], b = p->right[r];
         if (a < 0 || a >= V || b < 0 || b >= V || t->is_special[a] || t->is_special[b]) {
@@ -655,7 +657,8 @@ static void tokenizer_load_bin(Tokenizer* t, const uint8_t* buf, size_t n, const
     if (crc32_update(0, buf, n - 4) != crc) {
         fail(EXIT_BADFILE, "%s: checksum mismatch: the file is truncated or corrupted", path);
     }
-    TokenizerParts p = {0};
+    TokenizerParts p;
+    memset(&p, 0, sizeof p);
     p.vocab_size = (int)reader_u32(&r);
     p.n_merges = (int)reader_u32(&r);
     p.n_special = (int)reader_u32(&r);
@@ -668,7 +671,8 @@ static void tokenizer_load_bin(Tokenizer* t, const uint8_t* buf, size_t n, const
              p.n_special);
     }
     size_t* off = (size_t*)mallocCheck((size_t)(p.vocab_size + 1) * sizeof(size_t));
-    ByteBuf bytes = {0};
+    ByteBuf bytes;
+    memset(&bytes, 0, sizeof bytes);
     off[0] = 0;
     for (int i = 0; i < p.vocab_size; i++) {
         uint32_t len = reader_u32(&r);
@@ -698,7 +702,8 @@ static void tokenizer_load_llmc(Tokenizer* t, const uint8_t* buf, size_t n, cons
     if (header[1] != 1 && header[1] != 2) {
         fail(EXIT_BADFILE, "%s: llm.c tokenizer version %u, expected 1 or 2", path, header[1]);
     }
-    TokenizerParts p = {0};
+    TokenizerParts p;
+    memset(&p, 0, sizeof p);
     p.vocab_size = (int)header[2];
     if (header[2] == 0 || header[2] > n) { fail(EXIT_BADFILE, "%s: implausible vocabulary size %u", path, header[2]); }
     p.eot_id = header[1] == 1 ? 50256 : (int)header[3];
@@ -706,7 +711,8 @@ static void tokenizer_load_llmc(Tokenizer* t, const uint8_t* buf, size_t n, cons
         fail(EXIT_BADFILE, "%s: end-of-text id %d outside the vocabulary (%d)", path, p.eot_id, p.vocab_size);
     }
     size_t* off = (size_t*)mallocCheck((size_t)(p.vocab_size + 1) * sizeof(size_t));
-    ByteBuf bytes = {0};
+    ByteBuf bytes;
+    memset(&bytes, 0, sizeof bytes);
     off[0] = 0;
     for (int i = 0; i < p.vocab_size; i++) {
         uint8_t len = *reader_take(&r, 1);
@@ -829,7 +835,8 @@ static void tokenizer_load_gpt2(Tokenizer* t, const char* encoder_json, const ch
     uint8_t* text = slurp_file(encoder_json, &n);
     Json j = {text, n, 0, encoder_json};
     // entries: key bytes (raw, after undoing the alphabet) -> id
-    ByteBuf key = {0}, raw = {0}, all = {0};
+    ByteBuf key, raw, all;
+    memset(&key, 0, sizeof key); memset(&raw, 0, sizeof raw); memset(&all, 0, sizeof all);
     size_t cap = 1024, count = 0;
     size_t* koff = (size_t*)mallocCheck(cap * sizeof(size_t));
     int* kid = (int*)mallocCheck(cap * sizeof(int));
@@ -862,7 +869,8 @@ static void tokenizer_load_gpt2(Tokenizer* t, const char* encoder_json, const ch
     if (j.i != j.n) { json_fail(&j, "unexpected text after the object"); }
     koff[count] = all.n;
     // ids must be exactly 0 .. count-1: place each entry at its id
-    TokenizerParts p = {0};
+    TokenizerParts p;
+    memset(&p, 0, sizeof p);
     p.vocab_size = (int)count;
     size_t* off = (size_t*)mallocCheck((count + 1) * sizeof(size_t));
     int* where = (int*)mallocCheck(count * sizeof(int));
@@ -874,7 +882,8 @@ static void tokenizer_load_gpt2(Tokenizer* t, const char* encoder_json, const ch
         if (where[kid[k]] >= 0) { fail(EXIT_BADFILE, "%s: id %d appears twice", encoder_json, kid[k]); }
         where[kid[k]] = (int)k;
     }
-    ByteBuf bytes = {0};
+    ByteBuf bytes;
+    memset(&bytes, 0, sizeof bytes);
     off[0] = 0;
     for (size_t i = 0; i < count; i++) {
         size_t k = (size_t)where[i];
@@ -883,7 +892,8 @@ static void tokenizer_load_gpt2(Tokenizer* t, const char* encoder_json, const ch
     }
     free(text);
     // vocab.bpe: "#version: ..." then "A B" per line; A and B are token strings; their ids via the bytes map
-    BytesMap ids = {0};
+    BytesMap ids;
+    memset(&ids, 0, sizeof ids);
     for (size_t i = 0; i < count; i++) {
         if ((int)i == eot) { continue; }
         const uint8_t* s = bytes.b + off[i];
@@ -978,7 +988,8 @@ static void write_atomic(const char* path, const ByteBuf* b) {
 }
 
 static void tokenizer_save(const Tokenizer* t, const char* path) {
-    ByteBuf b = {0};
+    ByteBuf b;
+    memset(&b, 0, sizeof b);
     bytebuf_append(&b, TOKENIZER_MAGIC, 8);
     put_u32(&b, TOKENIZER_VERSION);
     put_u32(&b, (uint32_t)t->vocab_size);
@@ -1017,7 +1028,8 @@ static void tokenizer_save_gpt2(const Tokenizer* t, const char* encoder_json, co
     uint16_t byte_to_cp[256];
     int16_t cp_to_byte[324];
     gpt2_byte_alphabet(byte_to_cp, cp_to_byte);
-    ByteBuf b = {0};
+    ByteBuf b;
+    memset(&b, 0, sizeof b);
     bytebuf_append(&b, "{", 1);
     for (int i = 0; i < t->vocab_size; i++) {
         size_t len;

@@ -2,17 +2,25 @@
 train_common.h: host code shared by train_pdn.c and train_pdn.cu, so both trainers have one command line.
 defines: TrainConfig and its flag table TRAIN_FIELDS, parse_args() (presets, model and training flags),
 usage, the boxed configuration printout, the learning-rate schedule, the training-state file (optimizer
-moments, step, data position), resume discovery and the log file.
+moments, step, data position), resume discovery, the log file, and the data source (MQAR or text shards: the
+batches, the held-out batches, the saved position) with the tokenizer-side helpers (prompts, decoded samples).
 */
 #ifndef PDN_TRAIN_COMMON_H
 #define PDN_TRAIN_COMMON_H
 
 #include <dirent.h>
+#include <limits.h>
 #include "pdn.h"
 #include "mqar.h"
+#include "tokenizer.h"
+#include "dataloader.h"
 
 // X(type, field, short flag, long flag, default, help). type: I int, L long, F float, S string.
 #define TRAIN_FIELDS(X) \
+    X(S, train,         "-i", "--train",        "",     "text: training token shards, a glob ('dir/x_train_*.bin'); none: MQAR") \
+    X(S, val,           "-j", "--val",          "",     "text: validation token shards, a glob (none: no val loss)") \
+    X(S, tokenizer,     NULL, "--tokenizer",    "",     "dir of encoder.json + vocab.bpe, or a .bin: decodes samples, encodes --prompt") \
+    X(I, sample_every,  "-s", "--sample-every", "0",    "text: a decoded sample of -g tokens every N steps (0: never)") \
     X(I, mqar_vocab,    NULL, "--mqar-vocab",   "64",   "MQAR vocabulary (keys < vocab/2 <= values)") \
     X(I, mqar_pairs,    NULL, "--mqar-pairs",   "8",    "MQAR key-value pairs per sequence") \
     X(F, mqar_power_a,  NULL, "--mqar-power-a", "0.01", "MQAR query placement power law") \
@@ -32,14 +40,14 @@ moments, step, data position), resume discovery and the log file.
     X(S, mixer,         NULL, "--mixer",        "chunk","mixer form: chunk (SPEC §4) | token (SPEC §3)") \
     X(I, chunk,         NULL, "--chunk",        "64",   "chunk size of the chunkwise mixer") \
     X(I, val_every,     "-v", "--val-every",    "250",  "evaluate held-out loss/accuracy every N steps (0: only at the end)") \
-    X(I, val_batches,   "-m", "--val-batches",  "8",    "held-out batches per evaluation") \
-    X(I, gen_tokens,    "-g", "--gen-tokens",   "64",   "tokens to generate (samples and --generate)") \
+    X(I, val_batches,   "-m", "--val-batches",  "8",    "held-out batches per evaluation (text: the first N of -j; -1: all of it)") \
+    X(I, gen_tokens,    "-g", "--gen-tokens",   "64",   "tokens per sample (-s)") \
     X(S, out_dir,       "-o", "--out-dir",      "",     "output directory: log, checkpoints, state") \
     X(I, ckpt_every,    "-n", "--ckpt-every",   "0",    "checkpoint every N steps (0: only at the end, if -o)") \
     X(I, resume,        "-y", "--resume",       "0",    "1: resume from the latest checkpoint in -o") \
     X(S, init_ckpt,     "-e", "--init",         "",     "start from this checkpoint (its config wins)") \
     X(I, generate,      NULL, "--generate",     "0",    "with -e: generate N tokens from --prompt and exit") \
-    X(S, prompt,        NULL, "--prompt",       "",     "generation prompt: token ids separated by spaces/commas") \
+    X(S, prompt,        NULL, "--prompt",       "",     "generation prompt: text with --tokenizer, else token ids (spaces/commas)") \
     X(F, temperature,   NULL, "--temperature",  "1.0",  "sampling temperature (0: greedy)") \
     X(I, top_k,         NULL, "--top-k",        "0",    "sample from the k most likely tokens (0: all)") \
     X(I, threads,       NULL, "--threads",      "0",    "OpenMP threads (0: all cores)") \
@@ -195,8 +203,19 @@ static void train_config_check(TrainConfig* tc, int nproc) {
     else if (strcmp(tc->mixer, "token") == 0) { tc->chunk_form = 0; }
     else { fail(EXIT_USAGE, "--mixer must be chunk or token, got '%s'", tc->mixer); }
     if (tc->chunk < 1 || tc->chunk > 1024) { fail(EXIT_USAGE, "--chunk must be in 1..1024"); }
-    if (tc->val_every < 0 || tc->val_batches < 0 || tc->ckpt_every < 0 || tc->gen_tokens < 0 || tc->generate < 0) {
-        fail(EXIT_USAGE, "-v, -m, -n, -g and --generate must be >= 0");
+    if (tc->val_every < 0 || tc->val_batches < -1 || tc->ckpt_every < 0 || tc->gen_tokens < 0 || tc->generate < 0 ||
+        tc->sample_every < 0) {
+        fail(EXIT_USAGE, "-v, -m, -n, -g, -s and --generate must be >= 0 (-m -1: the whole validation split)");
+    }
+    if (tc->val[0] && !tc->train[0]) {
+        fail(EXIT_USAGE, "-j (validation shards) needs -i (training shards): without -i the task is MQAR");
+    }
+    if (tc->sample_every && (!tc->train[0] || !tc->tokenizer[0])) {
+        fail(EXIT_USAGE, "-s (samples) is for text (-i) and needs --tokenizer: samples start from its <|endoftext|> and "
+             "are decoded with it");
+    }
+    if (tc->val_batches == -1 && !tc->train[0]) {
+        fail(EXIT_USAGE, "-m -1 (the whole validation split) is for text (-i/-j); MQAR's held-out stream has no end");
     }
     if (tc->resume && !tc->out_dir[0]) { fail(EXIT_USAGE, "-y 1 (resume) needs -o DIR, the directory holding the checkpoints"); }
     if (tc->resume && tc->init_ckpt[0]) { fail(EXIT_USAGE, "use either -y 1 (resume from -o) or -e FILE (init), not both"); }
@@ -223,6 +242,17 @@ static float lr_at(const TrainConfig* tc, int step) {
 static void box_line(const char* key, const char* val) { printf("| %-26s | %-45s |\n", key, val); }
 static void box_rule(void) { printf("+----------------------------+-----------------------------------------------+\n"); }
 
+// the box shows the flags of the task being trained: MQAR's knobs for MQAR, the text flags for text
+static int train_field_shown(const TrainConfig* tc, const TrainField* f) {
+    static const char* const text_only[] = {"train", "val", "tokenizer", "sample_every"};
+    int text = tc->train[0] != 0;
+    if (strncmp(f->name, "mqar_", 5) == 0) { return !text; }
+    for (size_t i = 0; i < sizeof(text_only) / sizeof(text_only[0]); i++) {
+        if (strcmp(f->name, text_only[i]) == 0) { return text; }
+    }
+    return 1;
+}
+
 static void print_config_box(const PdnConfig* mc, const TrainConfig* tc, const PdnLayout* lay, const char* device,
                              const char* precision) {
     char v[96];
@@ -244,6 +274,7 @@ static void print_config_box(const PdnConfig* mc, const TrainConfig* tc, const P
     for (int i = 0; i < TRAIN_NUM_FIELDS; i++) {
         const TrainField* f = &TRAIN_FIELDS_TABLE[i];
         const void* p = (const char*)tc + f->offset;
+        if (!train_field_shown(tc, f)) { continue; }
         if (f->type == 'S') { snprintf(v, sizeof v, "%s", (*(char* const*)p)[0] ? *(char* const*)p : "-"); }
         else if (f->type == 'F') { snprintf(v, sizeof v, "%g", *(const float*)p); }
         else if (f->type == 'I') { snprintf(v, sizeof v, "%d", *(const int*)p); }
@@ -260,14 +291,19 @@ static void print_config_box(const PdnConfig* mc, const TrainConfig* tc, const P
 //
 //   PDNSTATE / version 1 / header_bytes / dtype (of m and v) / num_elems / step / model_crc (CRC of the
 //   checkpoint file written with it: the pair must match) / batch, seq_len, grad_accum, nproc (must match on
-//   resume for the data order to continue exactly) / data_state (up to 16 u64 of the data source's position)
-//   crc32 / end, then m[num_elems], v[num_elems]
+//   resume for the data order to continue exactly) / data_source (mqar | text: the kind of data source, which a
+//   resume must use too) / data_state (up to 16 u64 of the data source's position) / crc32 / end, then
+//   m[num_elems], v[num_elems]
 
 #define DATA_STATE_MAX 16
+#define DATA_MQAR 0
+#define DATA_TEXT 1
+static const char* const DATA_KIND_NAME[2] = {"mqar", "text"};
 typedef struct {
     long step;
     uint32_t model_crc;
     int B, T, grad_accum, nproc;
+    int data_kind;      // DATA_MQAR (0, what a zeroed state means) | DATA_TEXT
     int n_data;
     uint64_t data[DATA_STATE_MAX];
 } TrainState;
@@ -276,8 +312,9 @@ static void state_write(const char* path, const TrainState* s, const void* m, co
     TextBuf tb;
     memset(&tb, 0, sizeof tb);
     tb_printf(&tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nstep %ld\nmodel_crc %08x\n"
-              "batch %d\nseq_len %d\ngrad_accum %d\nnproc %d\ndata_state %d", PDN_STATE_MAGIC, PDN_CKPT_VERSION, dtype,
-              num_elems, s->step, s->model_crc, s->B, s->T, s->grad_accum, s->nproc, s->n_data);
+              "batch %d\nseq_len %d\ngrad_accum %d\nnproc %d\ndata_source %s\ndata_state %d", PDN_STATE_MAGIC, PDN_CKPT_VERSION,
+              dtype, num_elems, s->step, s->model_crc, s->B, s->T, s->grad_accum, s->nproc,
+              DATA_KIND_NAME[s->data_kind == DATA_TEXT], s->n_data);
     for (int i = 0; i < s->n_data; i++) { tb_printf(&tb, " %016llx", (unsigned long long)s->data[i]); }
     tb_printf(&tb, "\n");
     const void* bufs[2] = {m, v};
@@ -307,6 +344,11 @@ static void state_read(const char* path, TrainState* s, void* m, void* v, size_t
     char val[512];
     if (!header_get(&h, "model_crc", val, sizeof val)) { fail(EXIT_BADFILE, "%s: no model_crc line", path); }
     s->model_crc = (uint32_t)strtoul(val, NULL, 16);
+    s->data_kind = DATA_MQAR;   // state files written before text training have no data_source line: all MQAR
+    if (header_get(&h, "data_source", val, sizeof val)) {
+        if (strcmp(val, DATA_KIND_NAME[DATA_TEXT]) == 0) { s->data_kind = DATA_TEXT; }
+        else if (strcmp(val, DATA_KIND_NAME[DATA_MQAR]) != 0) { fail(EXIT_BADFILE, "%s: unknown data_source '%s'", path, val); }
+    }
     if (!header_get(&h, "data_state", val, sizeof val)) { fail(EXIT_BADFILE, "%s: no data_state line", path); }
     char* p = val;
     s->n_data = (int)strtol(p, &p, 10);
@@ -590,17 +632,22 @@ static void resume_state_read(const char* path, const TrainConfig* tc, int nproc
     }
 }
 
-// the training task must fit the model; warn about configurations outside the paper's stability argument
+// warn about configurations outside the paper's stability argument
+static void warn_eigen_bound(const PdnConfig* mc) {
+    if (pdn_eigen_bound_broken(mc)) {
+        printf("warning: allow_neg_eigval (beta up to 2) with squash x = %g breaks beta*x <= 2, the eigenvalue bound of "
+               "the paper (App. E.3); training may be unstable\n", mc->squash_x);
+    }
+}
+
+// the MQAR task must fit the model
 static void check_task(const MqarConfig* mq, const PdnConfig* mc) {
     const char* merr = mqar_check(mq);
     if (merr) { fail(EXIT_USAGE, "%s", merr); }
     if (mq->vocab > mc->vocab_size) {
         fail(EXIT_USAGE, "MQAR vocabulary %d is larger than the model's vocabulary %d (set --vocab or --mqar-vocab)", mq->vocab, mc->vocab_size);
     }
-    if (pdn_eigen_bound_broken(mc)) {
-        printf("warning: allow_neg_eigval (beta up to 2) with squash x = %g breaks beta*x <= 2, the eigenvalue bound of "
-               "the paper (App. E.3); training may be unstable\n", mc->squash_x);
-    }
+    warn_eigen_bound(mc);
 }
 
 // the per-step line and its log-file twin. mfu < 0: unknown peak, not printed
@@ -612,6 +659,256 @@ static void print_step(Logger* lg, const TrainConfig* tc, long step, double loss
     printf("step %5ld/%d | loss %.6f | norm %8.4f | lr %.2e | %7.1f ms | %8.0f tok/s%s | eta %s\n", step + 1, tc->steps,
            loss, norm, lr, dt * 1e3, tc->total_batch / dt, mf, eta);
     logger_printf(lg, "s:%ld trl:%.9g norm:%.9g lr:%.6e ms:%.1f\n", step + 1, loss, norm, lr, dt * 1e3);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// the data source: what a trainer learns from, either MQAR (mqar.h, generated from a seeded stream; the default)
+// or text from token shards (dataloader.h; -i TRAIN_GLOB, -j VAL_GLOB). It deals only in int tokens and targets,
+// so both trainers share it:
+//   data_init             opens it, and fills in the model's vocabulary where the preset leaves it at 0
+//   data_next             one micro-batch x[B*T], y[B*T] (text: y = the next tokens; MQAR: -1 where no target)
+//   data_save / restore   its position in the training state (data_kind, n_data, data[]), so -y 1 is exact
+//   data_val_begin / next the held-out batches of one evaluation, the same ones every time: MQAR a fixed stream
+//                         (-m batches), text the first -m batches of the validation split (-1: all of it)
+// Processes: rank `rank` of `world` gets its own micro-batches. Text: the loader's slicing. MQAR: every rank draws
+// the world batches of a micro-step from the one stream and keeps its own, so the saved position is the same on
+// every rank and world = 1 is the single-process stream. Held-out batches are the same on every rank for MQAR;
+// for text each rank evaluates its slice of the validation split.
+
+typedef struct {
+    int kind;                 // DATA_MQAR | DATA_TEXT
+    int B, T, rank, world;
+    uint64_t seed;
+    MqarConfig mq;            // MQAR: the task,
+    Rng rng, val_rng;         //   the training stream (4 words: its whole position) and the held-out stream
+    int *xs, *ys;             //   with world > 1: where the other ranks' batches are drawn and dropped
+    DataLoader train, val;    // text: the training loader (shuffled by --seed) and, if has_val, the validation one
+    int has_val;
+    long val_batches;         // held-out batches per evaluation (0: no evaluation data)
+    const char* vocab_from;   // text: where the model's vocabulary came from (printed by data_describe)
+} DataSource;
+
+// the largest token id in a loader's shards (all of their tokens, read in 1M-token parts)
+static uint32_t data_max_token(const DataLoader* dl) {
+    const size_t part = 1 << 20;
+    uint32_t* buf = (uint32_t*)mallocCheck(part * sizeof(uint32_t));
+    uint32_t mx = 0;
+    for (int s = 0; s < dl->n_shards; s++) {
+        int fd = shard_open_fd(dl->paths[s]);
+        for (uint64_t at = 0; at < dl->info[s].count; at += part) {
+            size_t n = dl->info[s].count - at < part ? (size_t)(dl->info[s].count - at) : part;
+            shard_read_tokens(fd, dl->paths[s], &dl->info[s], at, n, buf);
+            for (size_t i = 0; i < n; i++) { mx = buf[i] > mx ? buf[i] : mx; }
+        }
+        close(fd);
+    }
+    free(buf);
+    return mx;
+}
+
+// Opens the data source the flags describe: text if -i is given, else MQAR. *vocab_size is the model's vocabulary;
+// 0 (tiny/small presets) means "from the data": MQAR's --mqar-vocab, or for text the tokenizer's size (tok_vocab
+// > 0) or else the largest id in the training and validation shards + 1. The loaders then check every id they
+// serve against it (exit 2 on an id outside the model's vocabulary).
+static void data_init(DataSource* ds, const TrainConfig* tc, int tok_vocab, int* vocab_size, int rank, int world) {
+    memset(ds, 0, sizeof(*ds));
+    ds->B = tc->B; ds->T = tc->T; ds->rank = rank; ds->world = world; ds->seed = (uint64_t)tc->seed;
+    if (!tc->train[0]) {
+        ds->kind = DATA_MQAR;
+        ds->mq.vocab = tc->mqar_vocab; ds->mq.seq_len = tc->T; ds->mq.pairs = tc->mqar_pairs; ds->mq.power_a = tc->mqar_power_a;
+        if (*vocab_size == 0) { *vocab_size = tc->mqar_vocab; }
+        uint64_t sm = ds->seed ^ 0x7261696E;
+        rng_seed(&ds->rng, splitmix64(&sm));
+        ds->val_batches = tc->val_batches;
+        if (world > 1) {
+            ds->xs = (int*)mallocCheck((size_t)tc->B * tc->T * sizeof(int));
+            ds->ys = (int*)mallocCheck((size_t)tc->B * tc->T * sizeof(int));
+        }
+        return;
+    }
+    ds->kind = DATA_TEXT;
+    // until the vocabulary is settled (below) the loaders accept any id
+    dataloader_init(&ds->train, tc->train, tc->B, tc->T, rank, world, INT_MAX, 1, ds->seed);
+    if (tc->val[0] && tc->val_batches != 0) {
+        dataloader_init_val(&ds->val, tc->val, tc->B, tc->T, rank, world, INT_MAX, tc->val_batches);
+        ds->has_val = 1;
+        ds->val_batches = dataloader_num_batches(&ds->val);
+    }
+    ds->vocab_from = "set by the preset, --vocab or the checkpoint";
+    if (*vocab_size == 0 && tok_vocab > 0) {
+        *vocab_size = tok_vocab;
+        ds->vocab_from = "the tokenizer's";
+    } else if (*vocab_size == 0) {
+        uint32_t mx = data_max_token(&ds->train);
+        if (ds->has_val) { uint32_t mv = data_max_token(&ds->val); mx = mv > mx ? mv : mx; }
+        if (mx >= INT_MAX) { fail(EXIT_BADFILE, "'%s': token id %u is too large for a vocabulary", tc->train, mx); }
+        *vocab_size = (int)mx + 1;
+        ds->vocab_from = "the largest token id in the shards + 1";
+    }
+    ds->train.vocab_size = *vocab_size;
+    if (ds->has_val) { ds->val.vocab_size = *vocab_size; }
+}
+
+static void data_free(DataSource* ds) {
+    if (ds->kind == DATA_TEXT) {
+        dataloader_free(&ds->train);
+        if (ds->has_val) { dataloader_free(&ds->val); }
+    }
+    free(ds->xs);
+    free(ds->ys);
+    memset(ds, 0, sizeof(*ds));
+}
+
+// a loader's next batch into x, y
+static void data_loader_batch(DataLoader* dl, int* x, int* y) {
+    dataloader_next(dl);
+    memcpy(x, dl->inputs, (size_t)dl->B * dl->T * sizeof(int));
+    memcpy(y, dl->targets, (size_t)dl->B * dl->T * sizeof(int));
+}
+
+// one micro-batch of this rank: x, y of B*T ints
+static void data_next(DataSource* ds, int* x, int* y) {
+    if (ds->kind == DATA_TEXT) { data_loader_batch(&ds->train, x, y); return; }
+    for (int r = 0; r < ds->world; r++) {
+        mqar_batch(&ds->mq, &ds->rng, ds->B, r == ds->rank ? x : ds->xs, r == ds->rank ? y : ds->ys);
+    }
+}
+
+// the position, into the training state: MQAR the 4 words of its stream, text the loader's 9 words
+static void data_save(const DataSource* ds, TrainState* st) {
+    st->data_kind = ds->kind;
+    if (ds->kind == DATA_TEXT) { dataloader_save_state(&ds->train, st->data, &st->n_data); return; }
+    st->n_data = 4;
+    for (int i = 0; i < 4; i++) { st->data[i] = ds->rng.s[i]; }
+}
+
+// continue from a saved position; a state saved by the other kind of data source is refused (exit 1), as is a text
+// position saved with other loader settings or other shards (the loader's fingerprint)
+static void data_restore(DataSource* ds, const TrainState* st, const char* path) {
+    if (st->data_kind != ds->kind) {
+        fail(EXIT_USAGE, "%s was written by a run training on %s, but this run trains on %s\n  hint: resume with the "
+             "data flags of that run (%s)", path, st->data_kind == DATA_TEXT ? "text (-i)" : "MQAR (no -i)",
+             ds->kind == DATA_TEXT ? "text (-i)" : "MQAR (no -i)",
+             st->data_kind == DATA_TEXT ? "-i TRAIN_GLOB, and -j VAL_GLOB if it had one" : "no -i or -j");
+    }
+    if (ds->kind == DATA_TEXT) { dataloader_restore_state(&ds->train, st->data, st->n_data); return; }
+    if (st->n_data != 4) { fail(EXIT_BADFILE, "%s: the data position is not an MQAR stream's", path); }
+    for (int i = 0; i < 4; i++) { ds->rng.s[i] = st->data[i]; }
+}
+
+// starts an evaluation; returns how many held-out batches data_val_next then gives (0: none)
+static long data_val_begin(DataSource* ds) {
+    if (ds->kind == DATA_TEXT) {
+        if (ds->has_val) { dataloader_reset(&ds->val); }
+        return ds->has_val ? ds->val_batches : 0;
+    }
+    rng_seed(&ds->val_rng, ds->seed ^ 0x5EED0F7E57DA7AULL);
+    return ds->val_batches;
+}
+
+static void data_val_next(DataSource* ds, int* x, int* y) {
+    if (ds->kind == DATA_TEXT) { data_loader_batch(&ds->val, x, y); return; }
+    mqar_batch(&ds->mq, &ds->val_rng, ds->B, x, y);
+}
+
+// the data and the tokenizer must fit the model (MQAR: check_task). A tokenizer larger than the model's vocabulary
+// is refused here rather than by the loader at the first out-of-range id, maybe hours into the run.
+static void data_check_task(const DataSource* ds, const Tokenizer* tok, const PdnConfig* mc) {
+    if (ds->kind == DATA_MQAR) { check_task(&ds->mq, mc); return; }
+    if (tok && tok->vocab_size > mc->vocab_size) {
+        fail(EXIT_USAGE, "the tokenizer has %d tokens, more than the model's vocabulary of %d\n  hint: set --vocab %d, or "
+             "give the tokenizer the shards were made with", tok->vocab_size, mc->vocab_size, tok->vocab_size);
+    }
+    warn_eigen_bound(mc);
+}
+
+// the line before training: what the data is
+static void data_describe(const DataSource* ds, int vocab_size) {
+    if (ds->kind == DATA_MQAR) {
+        printf("MQAR: vocab %d, length %d, %d pairs; chance accuracy ~%.1f%%\n", ds->mq.vocab, ds->mq.seq_len, ds->mq.pairs,
+               100.0 / (ds->mq.vocab / 2));
+        return;
+    }
+    printf("text: train %llu tokens in %d shard%s (%llu windows of %d x %d, shuffled by --seed); vocab %d (%s)\n",
+           (unsigned long long)ds->train.total_tokens, ds->train.n_shards, ds->train.n_shards == 1 ? "" : "s",
+           (unsigned long long)ds->train.total_windows, ds->B, ds->T, vocab_size, ds->vocab_from);
+    if (ds->has_val) {
+        printf("val: %llu tokens in %d shard%s; %ld batches per evaluation\n", (unsigned long long)ds->val.total_tokens,
+               ds->val.n_shards, ds->val.n_shards == 1 ? "" : "s", ds->val_batches);
+    } else {
+        printf("no validation data (no -j, or -m 0): no val loss will be reported\n");
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// tokens and text: --tokenizer, --prompt, decoded output
+
+// --tokenizer: loaded into *t (returned), or NULL when not given
+static Tokenizer* load_tokenizer_flag(const TrainConfig* tc, Tokenizer* t) {
+    if (!tc->tokenizer[0]) { return NULL; }
+    tokenizer_load(t, tc->tokenizer);
+    return t;
+}
+
+// --prompt as token ids. The rule: with --tokenizer the prompt is text, encoded after an <|endoftext|> (every
+// training document follows one, so the model continues the prompt as the start of a document; an empty prompt is
+// the <|endoftext|> alone); without a tokenizer it is token ids separated by spaces or commas. Ids must lie in the
+// model's vocabulary. Returns the number of tokens (>= 1).
+static int prompt_tokens(const TrainConfig* tc, Tokenizer* tok, int vocab_size, int* out, int max) {
+    int n = 0;
+    if (tok) {
+        TokenBuf tb;
+        memset(&tb, 0, sizeof tb);
+        if (tok->eot_id >= 0) { tokbuf_push(&tb, tok->eot_id); }
+        if (tc->prompt[0]) {
+            tokenizer_check_can_encode(tok);
+            tokenizer_encode(tok, tc->prompt, strlen(tc->prompt), &tb);
+        }
+        if (tb.n > (size_t)max) { fail(EXIT_USAGE, "--prompt has more than %d tokens", max); }
+        for (size_t i = 0; i < tb.n; i++) { out[i] = tb.ids[i]; }
+        n = (int)tb.n;
+        tokbuf_free(&tb);
+    } else {
+        n = parse_prompt(tc->prompt, out, max);
+    }
+    if (n == 0) { fail(EXIT_USAGE, "--generate needs a --prompt: token ids, or text with --tokenizer"); }
+    for (int i = 0; i < n; i++) {
+        if (out[i] < 0 || out[i] >= vocab_size) {
+            fail(EXIT_USAGE, "--prompt token %d is outside the model's vocabulary [0, %d)", out[i], vocab_size);
+        }
+    }
+    return n;
+}
+
+// Text to a terminal or log, with every byte that could act on the terminal escaped: control characters other
+// than newline and tab, DEL and the C1 controls (U+0080..U+009F) as \xNN of their bytes, bytes that are not valid
+// UTF-8 (a sample can end inside a character, or a model can emit any byte) as \xNN, and the backslash as \\ so
+// that the escapes are unambiguous. Everything else, valid UTF-8 included, is printed as it is.
+static void print_text_escaped(FILE* f, const uint8_t* s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        size_t len;
+        int32_t cp = utf8_decode(s, n, i, &len);
+        if (cp == '\\') { fputs("\\\\", f); }
+        else if (cp == '\n' || cp == '\t' || (cp >= 0x20 && cp != 0x7F && (cp < 0x80 || cp >= 0xA0))) { fwrite(s + i, 1, len, f); }
+        else { for (size_t k = 0; k < len; k++) { fprintf(f, "\\x%02x", s[i + k]); } }
+        i += len;
+    }
+}
+
+// tokens as (escaped) text with a tokenizer, else as ids; then a newline
+static void print_tokens(FILE* f, const Tokenizer* tok, const int* ids, int n) {
+    if (!tok) {
+        for (int i = 0; i < n; i++) { fprintf(f, "%d%s", ids[i], i + 1 < n ? " " : ""); }
+        fputc('\n', f);
+        return;
+    }
+    ByteBuf bb;
+    memset(&bb, 0, sizeof bb);
+    size_t bad = tokenizer_decode(tok, ids, (size_t)n, &bb);
+    print_text_escaped(f, bb.b, bb.n);
+    if (bad) { fprintf(f, "[%zu ids outside the tokenizer's vocabulary left out]", bad); }
+    fputc('\n', f);
+    bytebuf_free(&bb);
 }
 
 #endif // PDN_TRAIN_COMMON_H

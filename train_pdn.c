@@ -9,7 +9,7 @@ Read it top to bottom:
      per token (SPEC §3, the definition) and chunkwise (SPEC §4, the fast algorithm), forward and backward
   3. the model: parameters (layout from pdn.h), activations, forward, backward, AdamW
   4. recurrent inference and sampling
-  5. training: MQAR task, evaluation, checkpoints, resume, main()
+  5. training: evaluation and samples on the data source (MQAR or text, train_common.h), checkpoints, resume, main()
 
 Determinism: every parallel loop writes disjoint outputs and every sum runs in a fixed order, so the same
 seed gives bit-identical losses whatever the number of threads.
@@ -1467,19 +1467,17 @@ static void generate(const Model* m, const int* prompt, int P, int n, float temp
 // ----------------------------------------------------------------------------------------------------
 // 5. training
 
-// Held-out MQAR loss and recall accuracy (argmax over the whole vocabulary at the query positions). The
-// held-out examples come from their own fixed stream, the same at every evaluation.
-static void eval_mqar(const Model* m, Acts* a, const MqarConfig* mq, int batches, uint64_t seed, double* loss, double* acc) {
-    int B = a->B, T = a->T, Vv = m->cfg.vocab_size;
-    size_t N = (size_t)B * T;
-    int* x = (int*)mallocCheck(N * sizeof(int));
-    int* y = (int*)mallocCheck(N * sizeof(int));
-    Rng r;
-    rng_seed(&r, seed ^ 0x5EED0F7E57DA7AULL);
+// Held-out loss over the data source's evaluation batches (the same ones at every evaluation: MQAR's fixed stream,
+// the start of the text validation split) and the accuracy of the argmax over the whole vocabulary at the positions
+// with a target (for MQAR: recall accuracy). x, y: scratch of B*T ints. Returns the number of batches (0: none).
+static long evaluate(const Model* m, Acts* a, DataSource* ds, int* x, int* y, double* loss, double* acc) {
+    int Vv = m->cfg.vocab_size;
+    size_t N = (size_t)a->B * a->T;
+    long batches = data_val_begin(ds);
     double lsum = 0.0;
     long hits = 0, count = 0;
-    for (int bi = 0; bi < batches; bi++) {
-        mqar_batch(mq, &r, B, x, y);
+    for (long bi = 0; bi < batches; bi++) {
+        data_val_next(ds, x, y);
         pdn_forward(m, a, x, NULL);
         for (size_t n = 0; n < N; n++) {
             if (y[n] < 0) { continue; }
@@ -1494,18 +1492,28 @@ static void eval_mqar(const Model* m, Acts* a, const MqarConfig* mq, int batches
     }
     *loss = count ? lsum / count : 0.0;
     *acc = count ? (double)hits / count : 0.0;
-    free(x);
-    free(y);
+    return batches;
 }
 
-static void save_checkpoint(const Model* m, const TrainConfig* tc, long step, const Rng* data_rng) {
+// -s: a sample of -g tokens from `start` (the end-of-text token: the start of a document), decoded. Generation
+// carries its own recurrent state and RNG, so training continues exactly as without samples.
+static void print_sample(const Model* m, const TrainConfig* tc, const Tokenizer* tok, int start, long step) {
+    if (tc->gen_tokens == 0) { return; }
+    int* out = (int*)mallocCheck((size_t)tc->gen_tokens * sizeof(int));
+    generate(m, &start, 1, tc->gen_tokens, tc->temperature, tc->top_k, (uint64_t)tc->seed, out);
+    printf("sample | step %ld | %d tokens after <|endoftext|>:\n", step, tc->gen_tokens);
+    print_tokens(stdout, tok, out, tc->gen_tokens);
+    printf("---\n");
+    free(out);
+}
+
+static void save_checkpoint(const Model* m, const TrainConfig* tc, long step, const DataSource* ds) {
     char mp[1100], sp[1100];
     ckpt_paths(tc->out_dir, step, mp, sp, sizeof mp);
     uint32_t crc = pdn_checkpoint_write(mp, &m->cfg, &m->lay, m->params, REAL_DTYPE, step);
     TrainState s = {0};
     s.step = step; s.model_crc = crc; s.B = tc->B; s.T = tc->T; s.grad_accum = tc->grad_accum; s.nproc = 1;
-    s.n_data = 4;
-    for (int i = 0; i < 4; i++) { s.data[i] = data_rng->s[i]; }
+    data_save(ds, &s);
     real* zeros = NULL;
     if (!m->m) { zeros = (real*)callocCheck(m->lay.num_elems, sizeof(real)); }
     state_write(sp, &s, m->m ? m->m : zeros, m->v ? m->v : zeros, m->lay.num_elems, REAL_DTYPE);
@@ -1552,16 +1560,20 @@ int main(int argc, char** argv) {
 #else
     snprintf(device, sizeof device, "CPU, 1 thread (built without OpenMP)");
 #endif
-    MqarConfig mq = {tc.mqar_vocab, tc.T, tc.mqar_pairs, tc.mqar_power_a};
 
-    // the model: from a checkpoint (-e, or -y 1 with one in -o), else from the flags
+    // the model: from a checkpoint (-e, or -y 1 with one in -o), else from the flags; a vocabulary the preset leaves
+    // at 0 comes from the data source (MQAR: --mqar-vocab; text: the tokenizer, else the shards)
     Model m;
     long start_step = 0;
     real* loaded = NULL;
     uint32_t loaded_crc = 0;
     char resume_state[1100];
     load_model_source(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state);
-    if (mc.vocab_size == 0) { mc.vocab_size = tc.mqar_vocab; }
+    Tokenizer tok_mem;
+    Tokenizer* tok = load_tokenizer_flag(&tc, &tok_mem);
+    DataSource ds;
+    memset(&ds, 0, sizeof ds);
+    if (!tc.generate) { data_init(&ds, &tc, tok ? tok->vocab_size : 0, &mc.vocab_size, 0, 1); }
     const char* err = pdn_config_check(&mc);
     if (err) { fail(EXIT_USAGE, "%s", err); }
     if (tc.count_params) { print_param_table(&mc); return 0; }
@@ -1570,36 +1582,37 @@ int main(int argc, char** argv) {
     else { pdn_init_params(&mc, &m.lay, m.params, (uint64_t)tc.seed); }
 
     if (tc.generate) {
-        int* prompt = (int*)mallocCheck(65536 * sizeof(int));
-        int P = parse_prompt(tc.prompt, prompt, 65536);
-        if (P == 0) { fail(EXIT_USAGE, "--generate needs a --prompt of at least one token id"); }
-        int* out = (int*)mallocCheck((size_t)tc.generate * sizeof(int));
+        int* ids = (int*)mallocCheck((65536 + (size_t)tc.generate) * sizeof(int));
+        int P = prompt_tokens(&tc, tok, mc.vocab_size, ids, 65536);
         double t0 = wall_seconds();
-        generate(&m, prompt, P, tc.generate, tc.temperature, tc.top_k, (uint64_t)tc.seed, out);
+        generate(&m, ids, P, tc.generate, tc.temperature, tc.top_k, (uint64_t)tc.seed, ids + P);
         double dt = wall_seconds() - t0;
-        for (int i = 0; i < tc.generate; i++) { printf("%d%c", out[i], i + 1 < tc.generate ? ' ' : '\n'); }
+        if (tok) { // the prompt as given (without the <|endoftext|> put before it) and its continuation, as text
+            int skip = ids[0] == tok->eot_id;
+            print_tokens(stdout, tok, ids + skip, P - skip + tc.generate);
+        } else {
+            print_tokens(stdout, NULL, ids + P, tc.generate);
+        }
         fprintf(stderr, "generated %d tokens after a %d-token prompt in %.1f ms\n", tc.generate, P, dt * 1e3);
-        free(prompt);
-        free(out);
+        free(ids);
         model_free(&m);
+        if (tok) { tokenizer_free(tok); }
         return 0;
     }
 
-    check_task(&mq, &mc);
-    print_config_box(&mc, &tc, &m.lay, device, REAL_DTYPE);
-
-    Rng data_rng;
-    uint64_t sm = (uint64_t)tc.seed ^ 0x7261696E;
-    rng_seed(&data_rng, splitmix64(&sm));
-    if (resume_state[0]) {
+    if (resume_state[0]) { // the optimizer moments, the step and the data position (refused from another data source)
         TrainState st;
         m.m = (real*)callocCheck(m.lay.num_elems, sizeof(real));
         m.v = (real*)callocCheck(m.lay.num_elems, sizeof(real));
         resume_state_read(resume_state, &tc, 1, loaded_crc, &st, m.m, m.v, m.lay.num_elems, REAL_DTYPE);
-        if (st.n_data != 4) { fail(EXIT_BADFILE, "%s: the data position is not an MQAR stream's", resume_state); }
-        for (int i = 0; i < 4; i++) { data_rng.s[i] = st.data[i]; }
+        data_restore(&ds, &st, resume_state);
         start_step = st.step;
     }
+    data_check_task(&ds, tok, &mc);
+    // samples start as a document does in the shards: after an <|endoftext|>
+    int sample_start = tc.sample_every ? tok->eot_id : -1;
+    if (tc.sample_every && sample_start < 0) { fail(EXIT_USAGE, "-s: the tokenizer has no <|endoftext|> token to start samples from"); }
+    print_config_box(&mc, &tc, &m.lay, device, REAL_DTYPE);
     Logger lg;
     if (tc.out_dir[0]) { ensure_dir(tc.out_dir); }
     logger_init(&lg, tc.out_dir, start_step > 0);
@@ -1610,19 +1623,19 @@ int main(int argc, char** argv) {
     int* y = (int*)mallocCheck(N * sizeof(int));
     if (tc.debug_state[0]) {
         // one micro-batch, the first of this run's data stream: logits, loss and gradients for comparison
-        mqar_batch(&mq, &data_rng, tc.B, x, y);
+        data_next(&ds, x, y);
         write_debug_state(&m, &acts, x, y, tc.debug_state);
         return 0;
     }
-    printf("MQAR: vocab %d, length %d, %d pairs; chance accuracy ~%.1f%%\n", mq.vocab, mq.seq_len, mq.pairs, 100.0 / (mq.vocab / 2));
-    double t_start = wall_seconds(), t_steps = 0.0;
+    data_describe(&ds, mc.vocab_size);
+    double t_start = wall_seconds(), t_steps = 0.0, final_val = -1.0;
     int timed = 0;
     for (long step = start_step; step < tc.steps; step++) {
         double t0 = wall_seconds();
         memset(m.grads, 0, m.lay.num_elems * sizeof(real));
         double loss = 0.0;
         for (int micro = 0; micro < tc.grad_accum; micro++) {
-            mqar_batch(&mq, &data_rng, tc.B, x, y);
+            data_next(&ds, x, y);
             loss += pdn_forward_backward(&m, &acts, x, y, tc.grad_accum) / tc.grad_accum;
         }
         if (!isfinite(loss)) {
@@ -1639,20 +1652,31 @@ int main(int argc, char** argv) {
         int last = step + 1 == tc.steps;
         if ((tc.val_every && (step + 1) % tc.val_every == 0) || last) {
             double vl, va;
-            eval_mqar(&m, &acts, &mq, tc.val_batches, (uint64_t)tc.seed, &vl, &va);
-            printf("val | step %ld | loss %.6f | recall accuracy %.2f%% (%d held-out sequences)\n", step + 1, vl, 100 * va,
-                   tc.val_batches * tc.B);
-            logger_printf(&lg, "s:%ld vl:%.6f vacc:%.4f\n", step + 1, vl, va);
+            long nb = evaluate(&m, &acts, &ds, x, y, &vl, &va);
+            if (ds.kind == DATA_MQAR) {
+                printf("val | step %ld | loss %.6f | recall accuracy %.2f%% (%ld held-out sequences)\n", step + 1, vl,
+                       100 * va, nb * tc.B);
+                logger_printf(&lg, "s:%ld vl:%.6f vacc:%.4f\n", step + 1, vl, va);
+            } else if (nb) {
+                printf("val | step %ld | loss %.6f (%ld batches, %ld tokens)\n", step + 1, vl, nb, nb * (long)N);
+                logger_printf(&lg, "s:%ld vl:%.6f\n", step + 1, vl);
+                final_val = vl;
+            }
         }
+        if (sample_start >= 0 && ((step + 1) % tc.sample_every == 0 || last)) { print_sample(&m, &tc, tok, sample_start, step + 1); }
         if (tc.out_dir[0] && ((tc.ckpt_every && (step + 1) % tc.ckpt_every == 0) || last)) {
-            save_checkpoint(&m, &tc, step + 1, &data_rng);
+            save_checkpoint(&m, &tc, step + 1, &ds);
         }
     }
-    printf("done: %ld steps in %.1f s\n", tc.steps - start_step, wall_seconds() - t_start);
+    printf("done: %ld steps in %.1f s", tc.steps - start_step, wall_seconds() - t_start);
+    if (final_val >= 0) { printf("; final val loss %.6f", final_val); }
+    printf("\n");
     free(x);
     free(y);
     acts_free(&acts);
     model_free(&m);
+    data_free(&ds);
+    if (tok) { tokenizer_free(tok); }
     return 0;
 }
 #endif

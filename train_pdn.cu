@@ -220,6 +220,7 @@ static void prof_report(int steps) {
 
 static cublasHandle_t cublas_handle;
 static cublasLtHandle_t cublaslt_handle;
+__attribute__((unused)) static int smem_optin = 48 * 1024; // the device's per-block shared-memory limit, set in mixer_kernel_setup
 static void* cublaslt_workspace = nullptr;
 static const size_t cublaslt_workspace_size = 64ull << 20;
 #ifdef ENABLE_FP32
@@ -273,10 +274,12 @@ static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, cons
     matmul_lt(out, false, inp, false, w, true, N, OC, C, 1.0f, 0.0f, bias);
 }
 
-// dinp (N, C) fp32 += dout (N, OC) @ w (OC, C);  dw (OC, C) fp32 += doutᵀ @ inp
-static void matmul_backward(float* dinp, float* dw, const floatX* dout, const floatX* inp, const floatX* w,
+// dinp (N, C) = or += dout (N, OC) @ w (OC, C);  dw (OC, C) fp32 += doutᵀ @ inp.
+// dinp's mode: ADD into fp32 (several contributions), SET fp32 (the first or only one: no memset needed), SETX floatX.
+enum { DINP_ADD, DINP_SET, DINP_SETX };
+static void matmul_backward(void* dinp, int mode, float* dw, const floatX* dout, const floatX* inp, const floatX* w,
                             int N, int C, int OC) {
-    if (dinp) { matmul_lt(dinp, true, dout, false, w, false, N, C, OC, 1.0f, 1.0f, nullptr); }
+    if (dinp) { matmul_lt(dinp, mode != DINP_SETX, dout, false, w, false, N, C, OC, 1.0f, mode == DINP_ADD ? 1.0f : 0.0f, nullptr); }
     matmul_lt(dw, true, dout, true, inp, false, OC, C, N, 1.0f, 1.0f, nullptr);
 }
 
@@ -437,36 +440,6 @@ __device__ __forceinline__ long hm_index(int b, int t, int c, int H, int D, int 
     return (((long)b * H + c / D) * Tp + t) * D + c % D;
 }
 
-// Short causal depthwise convolution + SiLU (SPEC §3.2). z, pre: (B, T, Ch) floatX; w (Ch, cs); hist (B, cs-1, Ch)
-// or null (zeros before the sequence). out: SiLU(pre), token-major (hm_D = 0) or head-major padded with head dim hm_D.
-__global__ void conv_silu_forward_kernel(floatX* pre, floatX* out, const floatX* z, const floatX* w, const floatX* hist,
-                                         int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)B * T * Ch) { return; }
-    int c = (int)(i % Ch);
-    long bt = i / Ch;
-    int t = (int)(bt % T), b = (int)(bt / T);
-    float s = 0.0f;
-    for (int k = 0; k < cs; k++) {
-        int src = t - (cs - 1) + k;
-        float zv;
-        if (src >= 0) { zv = tof(z[((long)b * T + src) * Ch + c]); }
-        else if (hist) { zv = tof(hist[((long)b * (cs - 1) + (cs - 1 + src)) * Ch + c]); }
-        else { continue; }
-        s += tof(w[(long)c * cs + k]) * zv;
-    }
-    floatX ps = fromf<floatX>(s);
-    pre[i] = ps;
-    float p = tof(ps);
-    floatX o = fromf<floatX>(p * sigmoidf_(p));
-    if (hm_D) { out[hm_index(b, t, c, H, hm_D, Tp)] = o; } else { out[i] = o; }
-}
-static void conv_silu_forward(floatX* pre, floatX* out, const floatX* z, const floatX* w, const floatX* hist,
-                              int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
-    conv_silu_forward_kernel<<<cdiv((long)B * T * Ch, 256), 256, 0, main_stream>>>(pre, out, z, w, hist, B, T, Ch, cs, hm_D, H, Tp);
-    cudaCheck(cudaGetLastError());
-}
-
 // new history = the last cs-1 rows of [old history; z], per sequence
 __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T, int Ch, int cs) {
     int nh = cs - 1;
@@ -481,101 +454,181 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
     for (int k = 0; k < nh; k++) { hist[((long)b * nh + k) * Ch + c] = fromf<floatX>(tmp[k]); }
 }
 
-// backward: dout (grad of the SiLU output, fp32, token-major or hm) -> dz (floatX, token-major) for the projection's
-// backward: dz[s] = Σ_k w[k] dpre[s + cs-1-k], dpre = dout * silu'(pre)
-__global__ void conv_silu_backward_kernel(floatX* dz, const float* dout, const floatX* pre, const floatX* w,
-                                          int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long)B * T * Ch) { return; }
-    int c = (int)(i % Ch);
-    long bt = i / Ch;
-    int s = (int)(bt % T), b = (int)(bt / T);
-    float acc = 0.0f;
-    for (int k = 0; k < cs; k++) {
-        int t = s + (cs - 1) - k;
-        if (t >= T) { continue; }
-        long it = ((long)b * T + t) * Ch + c;
-        float p = tof(pre[it]), sg = sigmoidf_(p);
-        float d = hm_D ? dout[hm_index(b, t, c, H, hm_D, Tp)] : dout[it];
-        acc += tof(w[(long)c * cs + k]) * d * sg * (1.0f + p * (1.0f - sg));
-    }
-    dz[i] = fromf<floatX>(acc);
-}
-// the weights: dw[c, k] = Σ_t dpre[t] z[t - cs+1 + k], partial sums over chunks of COLSUM_ROWS positions, thread per channel
-#define CONV_MAX 17
-__global__ void conv_dw_partial_kernel(float* partial, const float* dout, const floatX* pre, const floatX* z,
-                                       int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
-    if (c >= Ch) { return; }
-    float acc[CONV_MAX];
+// Fused short convolution + SiLU (+ L2 norm over the head) for the mixer's q, k (norm) and v (no norm): one warp per
+// (b, h, range of CONV_TR tokens), lanes over the head's D channels (D/32 per lane), a register window over the last
+// cs-1 inputs. pre (token-major floatX) keeps the conv output for the backward; out is head-major padded.
+#define CONV_TR 64
+#define CONV_CS_MAX 4    // the SPEC's kernel size; larger ones are refused on the GPU
+// Register arrays are indexed by compile-time constants only (unrolled loops): the newest value sits in slot 0 and
+// the taps are reversed, wrev[j] = w[cs-1-j], so pre[t] = Σ_j wrev[j] z[t-j].
+template <int CONV_CPL_MAX>
+__global__ void __launch_bounds__(128) conv_norm_forward_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
+                                                                 const floatX* w, const floatX* hist, int B, int T, int H,
+                                                                 int D, int cs, int Tp, int norm, float scale) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
+    int cpl = lane < D % 32 ? D / 32 + 1 : D / 32; // channels of this lane: lane, lane + 32, ... below D
+    int t0 = (blockIdx.y * 4 + warp) * CONV_TR;
+    if (t0 >= T) { return; }
+    int t1 = min(T, t0 + CONV_TR);
+    float win[CONV_CPL_MAX][CONV_CS_MAX], wrev[CONV_CPL_MAX][CONV_CS_MAX];
     #pragma unroll
-    for (int k = 0; k < CONV_MAX; k++) { acc[k] = 0.0f; }
-    long N = (long)B * T, r1 = min(N, (long)(ch + 1) * COLSUM_ROWS);
-    for (long r = (long)ch * COLSUM_ROWS; r < r1; r++) {
-        int t = (int)(r % T), b = (int)(r / T);
-        float p = tof(pre[r * Ch + c]), sg = sigmoidf_(p);
-        float dp = (hm_D ? dout[hm_index(b, t, c, H, hm_D, Tp)] : dout[r * Ch + c]) * sg * (1.0f + p * (1.0f - sg));
+    for (int u = 0; u < CONV_CPL_MAX; u++) {
+        int c = h * D + lane + 32 * u;
         #pragma unroll
-        for (int k = 0; k < CONV_MAX; k++) {
-            int src = t - (cs - 1) + k;
-            if (k < cs && src >= 0) { acc[k] += dp * tof(z[((long)b * T + src) * Ch + c]); }
+        for (int j = 0; j < CONV_CS_MAX; j++) {
+            wrev[u][j] = (u < cpl && j < cs) ? tof(w[(long)c * cs + cs - 1 - j]) : 0.0f;
+            // before t0: win[j] = z[t0 - 1 - j] (history or zeros before the sequence); shifted once more below
+            int src = t0 - 1 - j;
+            float v = 0.0f;
+            if (u < cpl && j < cs - 1) {
+                if (src >= 0) { v = tof(z[((long)b * T + src) * Ch + c]); }
+                else if (hist) { v = tof(hist[((long)b * (cs - 1) + (cs - 1 + src)) * Ch + c]); }
+            }
+            win[u][j] = v;
         }
     }
-    for (int k = 0; k < cs; k++) { partial[(long)ch * Ch * cs + (long)c * cs + k] = acc[k]; }
+    for (int t = t0; t < t1; t++) {
+        float o[CONV_CPL_MAX], ss = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < CONV_CPL_MAX; u++) {
+            o[u] = 0.0f;
+            if (u >= cpl) { continue; }
+            long it = ((long)b * T + t) * Ch + h * D + lane + 32 * u;
+            #pragma unroll
+            for (int j = CONV_CS_MAX - 1; j > 0; j--) { win[u][j] = win[u][j - 1]; }
+            win[u][0] = tof(z[it]);
+            float acc = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < CONV_CS_MAX; j++) { acc += wrev[u][j] * win[u][j]; }
+            floatX px = fromf<floatX>(acc);
+            pre[it] = px;
+            float p = tof(px);
+            o[u] = tof(fromf<floatX>(p * sigmoidf_(p))); // rounded like the unfused SiLU output
+            ss += o[u] * o[u];
+        }
+        float r = 1.0f;
+        if (norm) {
+            ss = warp_sum(ss);
+            r = rsqrtf(ss + L2NORM_EPS_F);
+            if (lane == 0) { rstd[((long)b * T + t) * H + h] = r; }
+        }
+        long ob = (((long)b * H + h) * Tp + t) * D;
+        #pragma unroll
+        for (int u = 0; u < CONV_CPL_MAX; u++) {
+            if (u < cpl) { out[ob + lane + 32 * u] = fromf<floatX>(norm ? o[u] * r * scale : o[u]); }
+        }
+    }
 }
-static void conv_silu_backward(floatX* dz, float* dw, const float* dout, const floatX* pre, const floatX* z, const floatX* w,
-                               int B, int T, int Ch, int cs, int hm_D, int H, int Tp) {
-    conv_silu_backward_kernel<<<cdiv((long)B * T * Ch, 256), 256, 0, main_stream>>>(dz, dout, pre, w, B, T, Ch, cs, hm_D, H, Tp);
-    int nch = cdiv((long)B * T, COLSUM_ROWS);
-    conv_dw_partial_kernel<<<dim3(cdiv(Ch, 128), nch), 128, 0, main_stream>>>(colsum_partials(nch, Ch * cs), dout, pre, z,
-                                                                             B, T, Ch, cs, hm_D, H, Tp);
+
+// Backward of the above, in reverse time: dy (head-major fp32, the gradient of out) -> with norm, the L2 norm's
+// backward dx = rstd (scale dy - out (dy·out) / scale); then dpre = dx silu'(pre); dz[s] = Σ_j wrev[j] dpre[s + j]
+// (token-major floatX, for the projection's backward); and the weight gradient dw[k] = Σ_t dpre[t] z[t - cs+1 + k]
+// as partial sums per (b, range): partial (B * ranges, Ch * cs). The cs-1 tokens after the range are a recomputed halo.
+// Windows (register arrays, compile-time indices): dwin[j] = dpre[t + j], zwin[j] = z[t - j]; the next (earlier)
+// token's operands are loaded before the current one is used, so memory latency overlaps the arithmetic.
+template <int CONV_CPL_MAX>
+__global__ void __launch_bounds__(128) conv_norm_backward_kernel(floatX* __restrict__ dz, float* __restrict__ partial,
+                                                                  const float* __restrict__ dy, const floatX* __restrict__ out,
+                                                                  const float* __restrict__ rstd, const floatX* __restrict__ pre,
+                                                                  const floatX* __restrict__ z, const floatX* __restrict__ w,
+                                                                  int B, int T, int H, int D, int cs, int Tp, int norm,
+                                                                  float scale, int nranges) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
+    int cpl = lane < D % 32 ? D / 32 + 1 : D / 32; // channels of this lane: lane, lane + 32, ... below D
+    int range = blockIdx.y * 4 + warp, t0 = range * CONV_TR;
+    if (t0 >= T) { return; }
+    int t1 = min(T, t0 + CONV_TR), thi = min(T, t1 + cs - 1);
+    float dwin[CONV_CPL_MAX][CONV_CS_MAX], zwin[CONV_CPL_MAX][CONV_CS_MAX], wrev[CONV_CPL_MAX][CONV_CS_MAX];
+    float dwr[CONV_CPL_MAX][CONV_CS_MAX]; // dwr[j] accumulates dw[cs - 1 - j] = Σ dpre[t] z[t - j]
+    #pragma unroll
+    for (int u = 0; u < CONV_CPL_MAX; u++) {
+        int c = h * D + lane + 32 * u;
+        #pragma unroll
+        for (int j = 0; j < CONV_CS_MAX; j++) {
+            dwin[u][j] = 0.0f;
+            dwr[u][j] = 0.0f;
+            wrev[u][j] = (u < cpl && j < cs) ? tof(w[(long)c * cs + cs - 1 - j]) : 0.0f;
+            // z window for the first in-range token t1 - 1 (halo tokens do not need z)
+            int src = t1 - 1 - j;
+            zwin[u][j] = (u < cpl && j < cs && src >= 0) ? tof(z[((long)b * T + src) * Ch + c]) : 0.0f;
+        }
+    }
+    float ndy[CONV_CPL_MAX], nout[CONV_CPL_MAX], npre[CONV_CPL_MAX], nr = 1.0f;
+    // load token TT's operands into the n* registers (a macro, not a lambda: the arrays must stay in registers)
+#define CONV_BWD_LOAD(TT) do { \
+        long ob_ = (((long)b * H + h) * Tp + (TT)) * D, tb_ = ((long)b * T + (TT)) * Ch + h * D + lane; \
+        _Pragma("unroll") for (int u = 0; u < CONV_CPL_MAX; u++) { \
+            ndy[u] = u < cpl ? dy[ob_ + lane + 32 * u] : 0.0f; \
+            nout[u] = (norm && u < cpl) ? tof(out[ob_ + lane + 32 * u]) : 0.0f; \
+            npre[u] = u < cpl ? tof(pre[tb_ + 32 * u]) : 0.0f; \
+        } \
+        if (norm) { nr = rstd[((long)b * T + (TT)) * H + h]; } \
+    } while (0)
+    CONV_BWD_LOAD(thi - 1);
+    for (int t = thi - 1; t >= t0; t--) {
+        float dyv[CONV_CPL_MAX], ov[CONV_CPL_MAX], pv[CONV_CPL_MAX], r = nr, dot = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < CONV_CPL_MAX; u++) { dyv[u] = ndy[u]; ov[u] = nout[u]; pv[u] = npre[u]; dot += dyv[u] * ov[u]; }
+        if (t > t0) { CONV_BWD_LOAD(t - 1); }
+        if (norm) { dot = warp_sum(dot); }
+        long tb = ((long)b * T + t) * Ch + h * D + lane;
+        int src = t - cs; // the z entering the window when it slides one token earlier
+        #pragma unroll
+        for (int u = 0; u < CONV_CPL_MAX; u++) {
+            float dx = norm ? r * (scale * dyv[u] - ov[u] * dot / scale) : dyv[u];
+            float sg = sigmoidf_(pv[u]);
+            float dp = u < cpl ? dx * sg * (1.0f + pv[u] * (1.0f - sg)) : 0.0f;
+            #pragma unroll
+            for (int j = CONV_CS_MAX - 1; j > 0; j--) { dwin[u][j] = dwin[u][j - 1]; }
+            dwin[u][0] = dp;
+            if (t < t1) {
+                float acc = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < CONV_CS_MAX; j++) { acc += wrev[u][j] * dwin[u][j]; dwr[u][j] += dp * zwin[u][j]; }
+                if (u < cpl) { dz[tb + 32 * u] = fromf<floatX>(acc); }
+                float znew = (u < cpl && src >= 0) ? tof(z[((long)b * T + src) * Ch + h * D + lane + 32 * u]) : 0.0f;
+                #pragma unroll
+                for (int j = 0; j < CONV_CS_MAX; j++) { zwin[u][j] = j + 1 < cs ? zwin[u][j + 1 < CONV_CS_MAX ? j + 1 : j] : (j + 1 == cs ? znew : 0.0f); }
+            }
+        }
+    }
+    long prow = (long)b * nranges + range;
+    #pragma unroll
+    for (int u = 0; u < CONV_CPL_MAX; u++) {
+        int c = h * D + lane + 32 * u;
+        #pragma unroll
+        for (int j = 0; j < CONV_CS_MAX; j++) {
+            if (u < cpl && j < cs) { partial[prow * Ch * cs + (long)c * cs + cs - 1 - j] = dwr[u][j]; }
+        }
+    }
+}
+
+static void conv_norm_forward(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
+                              int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+    dim3 grid(B * H, cdiv(cdiv(T, CONV_TR), 4));
+    int c = cdiv(D, 32);
+    if (c <= 1) { conv_norm_forward_kernel<1><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else if (c <= 2) { conv_norm_forward_kernel<2><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else if (c <= 4) { conv_norm_forward_kernel<4><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else { conv_norm_forward_kernel<8><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    cudaCheck(cudaGetLastError());
+}
+
+// dz (token-major floatX) and dw += from dy (head-major fp32)
+static void conv_norm_backward(floatX* dz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
+                               const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+    int nranges = cdiv(T, CONV_TR), nch = B * nranges, Ch = H * D;
+    float* partial = colsum_partials(nch, Ch * cs);
+    dim3 grid(B * H, cdiv(nranges, 4));
+    int c = cdiv(D, 32);
+    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
+    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
+    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
+    else { conv_norm_backward_kernel<8><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
-}
-
-// L2 norm over each head's K values (SPEC §3.3), scaled; input token-major (B, T, H*K), output head-major padded.
-// One warp per (b, t, h).
-__global__ void l2norm_forward_kernel(floatX* out, float* rstd, const floatX* inp, int B, int T, int H, int K, int Tp, float scale) {
-    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= (long)B * T * H) { return; }
-    int h = (int)(row % H);
-    long bt = row / H;
-    int t = (int)(bt % T), b = (int)(bt / T);
-    const floatX* x = inp + row * K;
-    float ss = 0.0f;
-    for (int j = lane; j < K; j += 32) { float v = tof(x[j]); ss += v * v; }
-    ss = warp_sum(ss);
-    float r = rsqrtf(ss + (float)L2NORM_EPS_F);
-    if (lane == 0) { rstd[row] = r; }
-    floatX* o = out + (((long)b * H + h) * Tp + t) * K;
-    for (int j = lane; j < K; j += 32) { o[j] = fromf<floatX>(tof(x[j]) * r * scale); }
-}
-static void l2norm_forward(floatX* out, float* rstd, const floatX* inp, int B, int T, int H, int K, int Tp, float scale) {
-    l2norm_forward_kernel<<<cdiv((long)B * T * H, 8), 256, 0, main_stream>>>(out, rstd, inp, B, T, H, K, Tp, scale);
-    cudaCheck(cudaGetLastError());
-}
-
-// dinp (token-major fp32) = rstd (scale dy - out (dy·out) / scale), dy = dout (head-major fp32), out head-major
-__global__ void l2norm_backward_kernel(float* dinp, const float* dout, const floatX* out, const float* rstd,
-                                       int B, int T, int H, int K, int Tp, float scale) {
-    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= (long)B * T * H) { return; }
-    int h = (int)(row % H);
-    long bt = row / H;
-    int t = (int)(bt % T), b = (int)(bt / T);
-    long hb = (((long)b * H + h) * Tp + t) * K;
-    float dot = 0.0f;
-    for (int j = lane; j < K; j += 32) { dot += dout[hb + j] * tof(out[hb + j]); }
-    dot = warp_sum(dot);
-    float r = rstd[row];
-    for (int j = lane; j < K; j += 32) { dinp[row * K + j] = r * (scale * dout[hb + j] - tof(out[hb + j]) * dot / scale); }
-}
-static void l2norm_backward(float* dinp, const float* dout, const floatX* out, const float* rstd, int B, int T, int H,
-                            int K, int Tp, float scale) {
-    l2norm_backward_kernel<<<cdiv((long)B * T * H, 8), 256, 0, main_stream>>>(dinp, dout, out, rstd, B, T, H, K, Tp, scale);
-    cudaCheck(cudaGetLastError());
 }
 
 // Gates (SPEC §3.4-3.6). pre: (B, T, H*gw) floatX from a projection; out head-major (B, H, Tp, gw) fp32.
@@ -673,36 +726,47 @@ __global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, c
 }
 
 // backward: dog (fp32, token-major) -> dgz (floatX + fp32 for the bias sum) if gated; dO (head-major floatX, the
-// mixer's output gradient); wprod (B*T*H, V) for o_norm's column sum
-__global__ void onorm_gate_backward_kernel(floatX* dO, floatX* dgz, float* dgz_f, float* wprod, const float* dog,
+// mixer's output gradient). o_norm's gradient Σ_rows dn o rstd: each block (8 warps, a row per warp at a time) sums
+// ONORM_ROWS rows into partial[block] (V) in a fixed order; colsum_finish adds the blocks.
+#define ONORM_ROWS 64
+__global__ void onorm_gate_backward_kernel(floatX* dO, floatX* dgz, float* dgz_f, float* partial, const float* dog,
                                            const float* o, const floatX* on, const floatX* w, const floatX* gz,
                                            const float* rstd, int B, int T, int H, int V, int Tp) {
-    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x % 32;
-    if (row >= (long)B * T * H) { return; }
-    int h = (int)(row % H);
-    long bt = row / H;
-    int t = (int)(bt % T), b = (int)(bt / T);
-    long hb = (((long)b * H + h) * Tp + t) * V;
-    float r = rstd[row], dot = 0.0f;
-    for (int j = lane; j < V; j += 32) {
-        float dn = dog[row * V + j];
-        if (gz) {
-            float s = sigmoidf_(tof(gz[row * V + j]));
-            float dz = dn * tof(on[row * V + j]) * s * (1.0f - s);
-            dgz[row * V + j] = fromf<floatX>(dz);
-            dgz_f[row * V + j] = dz;
-            dn *= s;
+    __shared__ float wsum[8][256 + 1]; // per warp, per column (V <= 256)
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int j = lane; j < V; j += 32) { wsum[warp][j] = 0.0f; }
+    long rows = (long)B * T * H, rend = min(rows, (long)(blockIdx.x + 1) * ONORM_ROWS);
+    for (long row = (long)blockIdx.x * ONORM_ROWS + warp; row < rend; row += nw) {
+        int h = (int)(row % H);
+        long bt = row / H;
+        int t = (int)(bt % T), b = (int)(bt / T);
+        long hb = (((long)b * H + h) * Tp + t) * V;
+        float r = rstd[row], dot = 0.0f;
+        for (int j = lane; j < V; j += 32) {
+            float dn = dog[row * V + j];
+            if (gz) {
+                float s = sigmoidf_(tof(gz[row * V + j]));
+                float dz = dn * tof(on[row * V + j]) * s * (1.0f - s);
+                dgz[row * V + j] = fromf<floatX>(dz);
+                dgz_f[row * V + j] = dz;
+                dn *= s;
+            }
+            dot += dn * tof(w[j]) * o[hb + j];
         }
-        dot += dn * tof(w[j]) * o[hb + j];
+        dot = warp_sum(dot);
+        float k = r * r * r * dot / V;
+        for (int j = lane; j < V; j += 32) {
+            float dn = dog[row * V + j];
+            if (gz) { dn *= sigmoidf_(tof(gz[row * V + j])); }
+            dO[hb + j] = fromf<floatX>(r * dn * tof(w[j]) - k * o[hb + j]);
+            wsum[warp][j] += dn * o[hb + j] * r;
+        }
     }
-    dot = warp_sum(dot);
-    float k = r * r * r * dot / V;
-    for (int j = lane; j < V; j += 32) {
-        float dn = dog[row * V + j];
-        if (gz) { dn *= sigmoidf_(tof(gz[row * V + j])); }
-        dO[hb + j] = fromf<floatX>(r * dn * tof(w[j]) - k * o[hb + j]);
-        wprod[row * V + j] = dn * o[hb + j] * r;
+    __syncthreads();
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float tsum = 0.0f;
+        for (int q = 0; q < nw; q++) { tsum += wsum[q][j]; }
+        partial[(long)blockIdx.x * V + j] = tsum;
     }
 }
 
@@ -713,10 +777,10 @@ __global__ void swiglu_forward_kernel(floatX* out, const floatX* gate, const flo
     float g = tof(gate[i]);
     out[i] = fromf<floatX>(g * sigmoidf_(g) * tof(up[i]));
 }
-__global__ void swiglu_backward_kernel(floatX* dgate, floatX* dup, const float* dout, const floatX* gate, const floatX* up, long n) {
+__global__ void swiglu_backward_kernel(floatX* dgate, floatX* dup, const floatX* dout, const floatX* gate, const floatX* up, long n) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) { return; }
-    float g = tof(gate[i]), u = tof(up[i]), s = sigmoidf_(g), d = dout[i];
+    float g = tof(gate[i]), u = tof(up[i]), s = sigmoidf_(g), d = tof(dout[i]);
     dgate[i] = fromf<floatX>(d * u * s * (1.0f + g * (1.0f - s)));
     dup[i] = fromf<floatX>(d * g * s);
 }
@@ -1125,14 +1189,19 @@ __global__ void scores_mask_kernel(float* Mk, float* A, floatX* P, const float* 
     P[e] = fromf<floatX>(j <= i ? Praw[e] * E : 0.0f);
 }
 
-// channel decay: every score carries a per-channel decay, Σ_c x_i[c] y_j[c] exp(G_i[c] - G_j[c]), computed
-// directly (the exponent is never split). One block per chunk; the chunk's K̂, K̃, Q̂, G sit in shared memory.
+// channel decay: every score carries a per-channel decay, Σ_c x_i[c] y_j[c] exp(G_i[c] - G_j[c]). The chunk is cut
+// into sub-blocks of 16 tokens. For sub-blocks I > J, with r the last token of J, the decay factors exactly as
+// exp(G_i - G_r) exp(G_r - G_j), both <= 1 (G decreases): the scores are plain dot products of pre-scaled rows
+// (k̂_i ⊙ exp(G_i - G_r)) · (k̃_j ⊙ exp(G_r - G_j)), and the exponent is never split at a point where it could
+// overflow. Only the diagonal 16 x 16 blocks take an exp per (i, j, c). One block per chunk; C a multiple of 16.
+#define SUB 16
 __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floatX* Q, const floatX* Kh, const floatX* Kt,
                                       const float* G, const float* beta, ChunkShape s) {
     extern __shared__ float sm[];
-    int C = s.C, K = s.K, ld = K + 1;
+    int C = s.C, K = s.K, ld = K + 1, nb = C / SUB;
     float *q_s = sm, *kh_s = q_s + C * ld, *kt_s = kh_s + C * ld, *g_s = kt_s + C * ld;
-    long q = blockIdx.x, r0 = q * C;
+    float *bh = g_s + C * ld, *ah = bh + SUB * ld, *qh = ah + SUB * ld;
+    long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
     for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
         int i = e / K, c = e % K;
         long idx = (r0 + i) * K + c;
@@ -1142,8 +1211,11 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
         g_s[i * ld + c] = G[idx];
     }
     __syncthreads();
+    // blocks above the diagonal are zero; diagonal blocks by direct per-channel decays
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
         int i = e / C, j = e % C;
+        if (j / SUB > i / SUB) { Mk[o0 + e] = 0.0f; A[o0 + e] = 0.0f; P[o0 + e] = fromf<floatX>(0.0f); continue; }
+        if (j / SUB < i / SUB) { continue; }
         float m = 0.0f, p = 0.0f;
         if (j <= i) {
             for (int c = 0; c < K; c++) {
@@ -1152,11 +1224,37 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
                 p += q_s[i * ld + c] * ex;
             }
         }
-        long o = q * C * C + e;
         m = j < i ? m : 0.0f;
-        Mk[o] = m;
-        A[o] = beta[r0 + i] * m;
-        P[o] = fromf<floatX>(p);
+        Mk[o0 + e] = m;
+        A[o0 + e] = beta[r0 + i] * m;
+        P[o0 + e] = fromf<floatX>(p);
+    }
+    for (int J = 0; J + 1 < nb; J++) {
+        int r = J * SUB + SUB - 1;
+        __syncthreads();
+        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+            int j = e / K, c = e % K, row = J * SUB + j;
+            bh[j * ld + c] = kt_s[row * ld + c] * expf(g_s[r * ld + c] - g_s[row * ld + c]);
+        }
+        for (int I = J + 1; I < nb; I++) {
+            __syncthreads();
+            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+                int i = e / K, c = e % K, row = I * SUB + i;
+                float ex = expf(g_s[row * ld + c] - g_s[r * ld + c]);
+                ah[i * ld + c] = kh_s[row * ld + c] * ex;
+                qh[i * ld + c] = q_s[row * ld + c] * ex;
+            }
+            __syncthreads();
+            for (int e = threadIdx.x; e < SUB * SUB; e += blockDim.x) {
+                int i = e / SUB, j = e % SUB;
+                float m = 0.0f, p = 0.0f;
+                for (int c = 0; c < K; c++) { m += ah[i * ld + c] * bh[j * ld + c]; p += qh[i * ld + c] * bh[j * ld + c]; }
+                long o = o0 + (long)(I * SUB + i) * C + J * SUB + j;
+                Mk[o] = m;
+                A[o] = beta[r0 + I * SUB + i] * m;
+                P[o] = fromf<floatX>(p);
+            }
+        }
     }
 }
 
@@ -1456,7 +1554,10 @@ __global__ void __launch_bounds__(128) state_backward_wmma_kernel(floatX* dhstat
     }
 }
 
-static bool scan_uses_wmma(const ChunkShape& s) { return s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0; }
+static size_t smem_scan_wmma(const ChunkShape& s);
+static bool scan_uses_wmma(const ChunkShape& s) {
+    return s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 && smem_scan_wmma(s) <= (size_t)smem_optin - 1024;
+}
 static size_t smem_scan_wmma(const ChunkShape& s) {
     return (size_t)(s.K + s.C) * SCAN_BV * sizeof(float) + (size_t)(s.K + s.C) * SCAN_BV * 2;
 }
@@ -1488,13 +1589,15 @@ __global__ void bwd_scores_mask_kernel(floatX* dPm, floatX* dMm, float* dbetaA, 
 // channel decay: the same products with a per-channel decay inside, so no GEMM:
 //   dq_i += Σ_j dP_ij E_ij ⊙ k̃_j,  dk̃_j += Σ_i dP_ij E_ij ⊙ q̂_i   (j <= i)
 //   dk̂_i += Σ_j dM_ij E_ij ⊙ k̃_j,  dk̃_j += Σ_i dM_ij E_ij ⊙ k̂_i   (j < i), dM = beta_i dA_ij
-// One block per chunk; thread per (row, channel) for the row sums, then per (column, channel).
+// with the same sub-block factorisation as the forward: diagonal blocks per (i, j, c), blocks I > J as products of
+// pre-scaled rows. One block per chunk; every output element has one owning thread per phase (deterministic).
 __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float* dkt_s, float* dbetaA, const float* dP,
                                                const float* dA, const float* Mk, const floatX* Q, const floatX* Kh,
                                                const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
     extern __shared__ float sm[];
-    int C = s.C, K = s.K, ld = K + 1;
+    int C = s.C, K = s.K, ld = K + 1, nb = C / SUB;
     float *q_s = sm, *kh_s = q_s + C * ld, *kt_s = kh_s + C * ld, *g_s = kt_s + C * ld, *dp_s = g_s + C * ld, *dm_s = dp_s + C * C;
+    float *bh = dm_s + C * C, *ah = bh + SUB * ld, *qh = ah + SUB * ld;
     long q = blockIdx.x, r0 = q * C;
     for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
         int i = e / K, c = e % K;
@@ -1510,21 +1613,21 @@ __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float*
         dm_s[e] = j < i ? beta[r0 + i] * dA[q * C * C + e] : 0.0f;
     }
     __syncthreads();
-    if (threadIdx.x < C) { // dbeta from A = beta Mk, one thread per row
-        int i = threadIdx.x;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) { // dbeta from A = beta Mk, one thread per row
         float db = 0.0f;
         for (int j = 0; j < i; j++) { db += dA[q * C * C + i * C + j] * Mk[q * C * C + i * C + j]; }
         dbetaA[r0 + i] = db;
     }
+    // diagonal blocks: thread per (row, channel)
     for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
-        int i = e / K, c = e % K;
+        int i = e / K, c = e % K, blk = i / SUB * SUB;
         float gi = g_s[i * ld + c], aq = 0.0f, ak = 0.0f, at = 0.0f;
-        for (int j = 0; j <= i; j++) { // row i: dq, dk̂
+        for (int j = blk; j <= i; j++) {
             float ex = expf(gi - g_s[j * ld + c]) * kt_s[j * ld + c];
             aq += dp_s[i * C + j] * ex;
             ak += dm_s[i * C + j] * ex;
         }
-        for (int r = i; r < C; r++) { // column i: dk̃_i
+        for (int r = i; r < blk + SUB; r++) {
             float ex = expf(g_s[r * ld + c] - gi);
             at += (dp_s[r * C + i] * q_s[r * ld + c] + dm_s[r * C + i] * kh_s[r * ld + c]) * ex;
         }
@@ -1532,6 +1635,48 @@ __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float*
         dq_s[idx] = aq;
         dkh_s[idx] = ak;
         dkt_s[idx] = at;
+    }
+    // blocks I > J: r = the last token of J
+    for (int J = 0; J + 1 < nb; J++) {
+        int r = J * SUB + SUB - 1;
+        __syncthreads();
+        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+            int j = e / K, c = e % K, row = J * SUB + j;
+            bh[j * ld + c] = kt_s[row * ld + c] * expf(g_s[r * ld + c] - g_s[row * ld + c]);
+        }
+        for (int I = J + 1; I < nb; I++) {
+            __syncthreads();
+            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+                int i = e / K, c = e % K, row = I * SUB + i;
+                float ex = expf(g_s[row * ld + c] - g_s[r * ld + c]);
+                ah[i * ld + c] = kh_s[row * ld + c] * ex;
+                qh[i * ld + c] = q_s[row * ld + c] * ex;
+            }
+            __syncthreads();
+            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+                int x = e / K, c = e % K;
+                // rows of I: dq, dk̂ += exp(G_i - G_r) ⊙ (dP_IJ, dM_IJ) · (k̃_J ⊙ exp(G_r - G_J))
+                int i = I * SUB + x;
+                float sq = 0.0f, sk = 0.0f;
+                for (int j = 0; j < SUB; j++) {
+                    float b = bh[j * ld + c];
+                    sq += dp_s[i * C + J * SUB + j] * b;
+                    sk += dm_s[i * C + J * SUB + j] * b;
+                }
+                float ei = expf(g_s[i * ld + c] - g_s[r * ld + c]);
+                long idx = (r0 + i) * K + c;
+                dq_s[idx] += ei * sq;
+                dkh_s[idx] += ei * sk;
+                // rows of J: dk̃ += exp(G_r - G_j) ⊙ (dP_IJᵀ (q̂_I ⊙ exp(G_I - G_r)) + dM_IJᵀ (k̂_I ⊙ exp(G_I - G_r)))
+                int j = J * SUB + x;
+                float st = 0.0f;
+                for (int ii = 0; ii < SUB; ii++) {
+                    int row = I * SUB + ii;
+                    st += dp_s[row * C + j] * qh[ii * ld + c] + dm_s[row * C + j] * ah[ii * ld + c];
+                }
+                dkt_s[(r0 + j) * K + c] += expf(g_s[r * ld + c] - g_s[j * ld + c]) * st;
+            }
+        }
     }
 }
 
@@ -1656,8 +1801,10 @@ struct MixerScratch {
     float *pc_loc, *pc_a, *pc_b, *pc_c;             // diagonal preconditioner scan: (rows, K), (nq, K) x 2, (nq)
 };
 
-static size_t smem_scores_channel(const ChunkShape& s) { return (size_t)4 * s.C * (s.K + 1) * sizeof(float); }
-static size_t smem_scores_channel_bwd(const ChunkShape& s) { return (size_t)(4 * s.C * (s.K + 1) + 2 * s.C * s.C) * sizeof(float); }
+static size_t smem_scores_channel(const ChunkShape& s) { return (size_t)(4 * s.C + 3 * SUB) * (s.K + 1) * sizeof(float); }
+static size_t smem_scores_channel_bwd(const ChunkShape& s) {
+    return (size_t)((4 * s.C + 3 * SUB) * (s.K + 1) + 2 * s.C * s.C) * sizeof(float);
+}
 static size_t smem_state_fwd(const ChunkShape& s) { return (size_t)(s.K * SCAN_BV + s.C * SCAN_BV + s.C * (s.K + 1)) * sizeof(float); }
 static size_t smem_state_bwd(const ChunkShape& s) { return (size_t)(s.K * SCAN_BV + 2 * s.C * SCAN_BV + 2 * s.C * (s.K + 1)) * sizeof(float); }
 static size_t smem_finish(const ChunkShape& s) { return (size_t)(2 * s.C * s.K + 2 * s.K + s.C) * sizeof(float); }
@@ -1672,6 +1819,7 @@ template <typename F> static void allow_dynamic_smem(F* kernel, int optin) {
 static void mixer_kernel_setup(void) {
     int optin = 0;
     cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    smem_optin = optin;
     allow_dynamic_smem(scores_channel_kernel, optin);
     allow_dynamic_smem(scores_channel_backward_kernel, optin);
     allow_dynamic_smem(state_forward_kernel, optin);
@@ -1863,7 +2011,6 @@ struct LayerActs {
     floatX* ln1; float* ln1_rstd;              // (N, d), (N)
     floatX *qp, *kp, *vp;                      // projections
     floatX *qc, *kc, *vc;                      // conv outputs before SiLU
-    floatX *qs, *ks;                           // SiLU outputs of q, k (token-major)
     floatX *qn, *kn, *kt, *v;                  // hm: q̂ (scaled), k̂, k̃ (= kn without preconditioner), v
     float *q_rstd, *k_rstd;                    // (N, H)
     floatX* beta_pre; float* beta;             // (N, H); hm rows
@@ -1877,10 +2024,10 @@ struct LayerActs {
 };
 
 struct GradBufs {
-    float *dresid, *dh, *dln1, *dln2, *dma, *dog, *dgz_f, *dg1, *df1, *dlnf, *wprod;
-    floatX *dresid_x, *dh_x, *dmg_x, *dmu_x, *dgz_x, *dg1_x, *df1_x, *dO_x, *dqp_x, *dkp_x, *dvp_x;
+    float *dresid, *dh, *dln1, *dln2, *dog, *dgz_f, *dg1, *df1, *dlnf, *wprod;
+    floatX *dresid_x, *dh_x, *dma_x, *dmg_x, *dmu_x, *dgz_x, *dg1_x, *df1_x, *dO_x, *dqp_x, *dkp_x, *dvp_x;
     floatX *dbeta_pre_x, *dg_pre_x, *dgp_pre_x, *dbp_pre_x;
-    float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dqs, *dks, *dg_pre_f, *alog_prod, *pbuf;
+    float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dg_pre_f, *alog_prod, *pbuf;
     int *bucket_tok, *bucket_start, *bucket_pos;
 };
 
@@ -1921,7 +2068,6 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         ar.add(&la.ln1, N * d); ar.add(&la.ln1_rstd, N);
         ar.add(&la.qp, N * HK); ar.add(&la.kp, N * HK); ar.add(&la.vp, N * HV);
         ar.add(&la.qc, N * HK); ar.add(&la.kc, N * HK); ar.add(&la.vc, N * HV);
-        ar.add(&la.qs, N * HK); ar.add(&la.ks, N * HK);
         ar.add(&la.qn, rows * K); ar.add(&la.kn, rows * K); ar.add(&la.v, rows * V);
         if (diag || exact) { ar.add(&la.kt, rows * K); }
         ar.add(&la.q_rstd, N * H); ar.add(&la.k_rstd, N * H);
@@ -1960,9 +2106,9 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         ar.add(&sc.dP, nq * CC); ar.add(&sc.dA, nq * CC); ar.add(&sc.dbetaA, rows);
         ar.add(&sc.dPm, nq * CC); ar.add(&sc.dMm, nq * CC);
         ar.add(&sc.dq_s, rows * K); ar.add(&sc.dkh_s, rows * K); ar.add(&sc.dkt_s, rows * K);
-        long wp = N * HV + (long)H * gw; // o_norm's weight products (B*T*H, V); also the gates' small scratch
+        long wp = (long)H * gw; // the gates' small scratch
         ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln1, N * d); ar.add(&g.dln2, N * d);
-        ar.add(&g.dma, N * I); ar.add(&g.dog, N * HV); ar.add(&g.dlnf, N * d); ar.add(&g.wprod, wp);
+        ar.add(&g.dma_x, N * I); ar.add(&g.dog, N * HV); ar.add(&g.dlnf, N * d); ar.add(&g.wprod, wp);
         ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
         ar.add(&g.dO_x, rows * V); ar.add(&g.dqp_x, N * HK); ar.add(&g.dkp_x, N * HK); ar.add(&g.dvp_x, N * HV);
         ar.add(&g.dbeta_pre_x, N * H);
@@ -1976,7 +2122,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         }
         if (exact) { ar.add(&g.pbuf, (long)B * H * (C + 1) * K * K); }
         ar.add(&g.dq, rows * K); ar.add(&g.dkh, rows * K); ar.add(&g.dkt, rows * K); ar.add(&g.dv, rows * V);
-        ar.add(&g.dbeta, rows); ar.add(&g.dqs, N * HK); ar.add(&g.dks, N * HK);
+        ar.add(&g.dbeta, rows);
         ar.add(&g.bucket_tok, N); ar.add(&g.bucket_start, N + 1); ar.add(&g.bucket_pos, N);
     }
     ar.alloc();
@@ -2040,17 +2186,16 @@ static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
         floatX* hq = rs ? rs->hq + lb * (cs - 1) * HK : nullptr;
         floatX* hk = rs ? rs->hk + lb * (cs - 1) * HK : nullptr;
         floatX* hv = rs ? rs->hv + lb * (cs - 1) * HV : nullptr;
-        conv_silu_forward(la.qc, la.qs, la.qp, PP(T_CONV_Q, l), hq, B, T, HK, cs, 0, H, Tp);
-        conv_silu_forward(la.kc, la.ks, la.kp, PP(T_CONV_K, l), hk, B, T, HK, cs, 0, H, Tp);
-        conv_silu_forward(la.vc, la.v, la.vp, PP(T_CONV_V, l), hv, B, T, HV, cs, V, H, Tp);
+        conv_norm_forward(la.qc, la.qn, la.q_rstd, la.qp, PP(T_CONV_Q, l), hq, B, T, H, K, cs, Tp, 1, qscale);
+        conv_norm_forward(la.kc, la.kn, la.k_rstd, la.kp, PP(T_CONV_K, l), hk, B, T, H, K, cs, Tp, 1, 1.0f);
+        conv_norm_forward(la.vc, la.v, nullptr, la.vp, PP(T_CONV_V, l), hv, B, T, H, V, cs, Tp, 0, 1.0f);
         if (rs && cs > 1) {
             conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hq, la.qp, B, T, HK, cs);
             conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hk, la.kp, B, T, HK, cs);
             conv_history_kernel<<<cdiv((long)B * HV, 256), 256, 0, main_stream>>>(hv, la.vp, B, T, HV, cs);
             cudaCheck(cudaGetLastError());
         }
-        l2norm_forward(la.qn, la.q_rstd, la.qs, B, T, H, K, Tp, qscale);
-        l2norm_forward(la.kn, la.k_rstd, la.ks, B, T, H, K, Tp, 1.0f); }
+        }
         { PROF("fwd.gates");
         matmul_forward(la.beta_pre, la.ln1, PP(T_WB, l), nullptr, (int)N, d, H);
         gate_forward(la.beta, la.beta_pre, nullptr, nullptr, 0, bmax, B, T, H, 1, Tp);
@@ -2127,9 +2272,8 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     GradBufs& g = a->gb;
     int head = c->tie_embeddings ? T_WTE : T_LM_HEAD;
     { PROF("bwd.classifier+final_norm");
-    cudaCheck(cudaMemsetAsync(g.dlnf, 0, N * d * sizeof(float), main_stream));
     cudaCheck(cudaMemsetAsync(g.dresid, 0, N * d * sizeof(float), main_stream));
-    matmul_backward(g.dlnf, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
+    matmul_backward(g.dlnf, DINP_SET, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
     rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.dlnf, nullptr, a->resid + (long)L * N * d, nullptr,
                      PP(T_FINAL_NORM, 0), a->lnf_rstd, N, d); }
     for (int l = L - 1; l >= 0; l--) {
@@ -2138,12 +2282,10 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2); g.dresid = dL/dout
         { PROF("bwd.mlp+norm");
         to_floatX(g.dresid_x, g.dresid, N * d);
-        cudaCheck(cudaMemsetAsync(g.dma, 0, N * I * sizeof(float), main_stream));
-        matmul_backward(g.dma, GG(T_WDOWN, l), g.dresid_x, la.ma, PP(T_WDOWN, l), (int)N, I, d);
-        swiglu_backward_kernel<<<cdiv(N * I, 256), 256, 0, main_stream>>>(g.dmg_x, g.dmu_x, g.dma, la.mg, la.mu, N * I);
-        cudaCheck(cudaMemsetAsync(g.dln2, 0, N * d * sizeof(float), main_stream));
-        matmul_backward(g.dln2, GG(T_WGATE, l), g.dmg_x, la.ln2, PP(T_WGATE, l), (int)N, d, I);
-        matmul_backward(g.dln2, GG(T_WUP, l), g.dmu_x, la.ln2, PP(T_WUP, l), (int)N, d, I);
+        matmul_backward(g.dma_x, DINP_SETX, GG(T_WDOWN, l), g.dresid_x, la.ma, PP(T_WDOWN, l), (int)N, I, d);
+        swiglu_backward_kernel<<<cdiv(N * I, 256), 256, 0, main_stream>>>(g.dmg_x, g.dmu_x, g.dma_x, la.mg, la.mu, N * I);
+        matmul_backward(g.dln2, DINP_SET, GG(T_WGATE, l), g.dmg_x, la.ln2, PP(T_WGATE, l), (int)N, d, I);
+        matmul_backward(g.dln2, DINP_ADD, GG(T_WUP, l), g.dmu_x, la.ln2, PP(T_WUP, l), (int)N, d, I);
         cudaCheck(cudaMemcpyAsync(g.dh, g.dresid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
         rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.dln2, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d);
         }
@@ -2151,20 +2293,21 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         { PROF("bwd.o+onorm+gate");
         cudaCheck(cudaMemcpyAsync(g.dresid, g.dh, N * d * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
         to_floatX(g.dh_x, g.dh, N * d);
-        cudaCheck(cudaMemsetAsync(g.dog, 0, N * HV * sizeof(float), main_stream));
-        matmul_backward(g.dog, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
+        matmul_backward(g.dog, DINP_SET, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
         cudaCheck(cudaMemsetAsync(g.dln1, 0, N * d * sizeof(float), main_stream));
-        onorm_gate_backward_kernel<<<cdiv(N * H, 8), 256, 0, main_stream>>>(g.dO_x, g.dgz_x, g.dgz_f, g.wprod, g.dog, la.mx.O,
-                                                                            la.on, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr,
-                                                                            la.o_rstd, B, T, H, V, Tp);
-        cudaCheck(cudaGetLastError());
-        colsum_add(GG(T_O_NORM, l), g.wprod, N * H, V);
+        {
+            int nblk = cdiv(N * H, ONORM_ROWS);
+            onorm_gate_backward_kernel<<<nblk, 256, 0, main_stream>>>(g.dO_x, g.dgz_x, g.dgz_f, colsum_partials(nblk, V), g.dog,
+                                                                     la.mx.O, la.on, PP(T_O_NORM, l),
+                                                                     c->out_gate ? la.gz : nullptr, la.o_rstd, B, T, H, V, Tp);
+            cudaCheck(cudaGetLastError());
+            colsum_finish(GG(T_O_NORM, l), nblk, V);
+        }
         if (c->out_gate) {
             colsum_add(GG(T_BG2, l), g.dgz_f, N, HV);
-            cudaCheck(cudaMemsetAsync(g.dg1, 0, N * V * sizeof(float), main_stream));
-            matmul_backward(g.dg1, GG(T_WG2, l), g.dgz_x, la.g1, PP(T_WG2, l), (int)N, V, HV);
+            matmul_backward(g.dg1, DINP_SET, GG(T_WG2, l), g.dgz_x, la.g1, PP(T_WG2, l), (int)N, V, HV);
             to_floatX(g.dg1_x, g.dg1, N * V);
-            matmul_backward(g.dln1, GG(T_WG1, l), g.dg1_x, la.ln1, PP(T_WG1, l), (int)N, d, V);
+            matmul_backward(g.dln1, DINP_ADD, GG(T_WG1, l), g.dg1_x, la.ln1, PP(T_WG1, l), (int)N, d, V);
         }
         }
         delta_chunk_backward(g.dq, g.dkh, g.dkt, g.dv, g.dbeta, gk ? g.dg : nullptr, &a->sc, &la.mx, g.dO_x, la.qn, la.kn,
@@ -2193,34 +2336,31 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                           la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 1.0f, B, T, H, 1, Tp);
             gate_backward(g.dbp_pre_x, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr,
                           nullptr, 0, 1.0f, B, T, H, 1, Tp);
-            matmul_backward(g.dln1, GG(T_WAP, l), g.dgp_pre_x, la.ln1, PP(T_WAP, l), (int)N, d, H);
-            matmul_backward(g.dln1, GG(T_WBP, l), g.dbp_pre_x, la.ln1, PP(T_WBP, l), (int)N, d, H);
+            matmul_backward(g.dln1, DINP_ADD, GG(T_WAP, l), g.dgp_pre_x, la.ln1, PP(T_WAP, l), (int)N, d, H);
+            matmul_backward(g.dln1, DINP_ADD, GG(T_WBP, l), g.dbp_pre_x, la.ln1, PP(T_WBP, l), (int)N, d, H);
         }
         if (c->decay == DECAY_SCALAR) {
             gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
                           PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, Tp);
-            matmul_backward(g.dln1, GG(T_WA, l), g.dg_pre_x, la.ln1, PP(T_WA, l), (int)N, d, H);
+            matmul_backward(g.dln1, DINP_ADD, GG(T_WA, l), g.dg_pre_x, la.ln1, PP(T_WA, l), (int)N, d, H);
         } else if (c->decay == DECAY_CHANNEL) {
             gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
                           PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Tp);
-            cudaCheck(cudaMemsetAsync(g.df1, 0, N * V * sizeof(float), main_stream));
-            matmul_backward(g.df1, GG(T_WF2, l), g.dg_pre_x, la.f1, PP(T_WF2, l), (int)N, V, HK);
+            matmul_backward(g.df1, DINP_SET, GG(T_WF2, l), g.dg_pre_x, la.f1, PP(T_WF2, l), (int)N, V, HK);
             to_floatX(g.df1_x, g.df1, N * V);
-            matmul_backward(g.dln1, GG(T_WF1, l), g.df1_x, la.ln1, PP(T_WF1, l), (int)N, d, V);
+            matmul_backward(g.dln1, DINP_ADD, GG(T_WF1, l), g.df1_x, la.ln1, PP(T_WF1, l), (int)N, d, V);
         }
         gate_backward(g.dbeta_pre_x, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
                       0, bmax, B, T, H, 1, Tp);
-        matmul_backward(g.dln1, GG(T_WB, l), g.dbeta_pre_x, la.ln1, PP(T_WB, l), (int)N, d, H); }
+        matmul_backward(g.dln1, DINP_ADD, GG(T_WB, l), g.dbeta_pre_x, la.ln1, PP(T_WB, l), (int)N, d, H); }
         { PROF("bwd.l2norm+conv");
-        l2norm_backward(g.dqs, g.dq, la.qn, la.q_rstd, B, T, H, K, Tp, qscale);
-        l2norm_backward(g.dks, g.dkh, la.kn, la.k_rstd, B, T, H, K, Tp, 1.0f);
-        conv_silu_backward(g.dqp_x, GG(T_CONV_Q, l), g.dqs, la.qc, la.qp, PP(T_CONV_Q, l), B, T, HK, cs, 0, H, Tp);
-        conv_silu_backward(g.dkp_x, GG(T_CONV_K, l), g.dks, la.kc, la.kp, PP(T_CONV_K, l), B, T, HK, cs, 0, H, Tp);
-        conv_silu_backward(g.dvp_x, GG(T_CONV_V, l), g.dv, la.vc, la.vp, PP(T_CONV_V, l), B, T, HV, cs, V, H, Tp); }
+        conv_norm_backward(g.dqp_x, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, la.qc, la.qp, PP(T_CONV_Q, l), B, T, H, K, cs, Tp, 1, qscale);
+        conv_norm_backward(g.dkp_x, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, la.kc, la.kp, PP(T_CONV_K, l), B, T, H, K, cs, Tp, 1, 1.0f);
+        conv_norm_backward(g.dvp_x, GG(T_CONV_V, l), g.dv, la.v, nullptr, la.vc, la.vp, PP(T_CONV_V, l), B, T, H, V, cs, Tp, 0, 1.0f); }
         PROF("bwd.matmul.qkv+norm");
-        matmul_backward(g.dln1, GG(T_WQ, l), g.dqp_x, la.ln1, PP(T_WQ, l), (int)N, d, HK);
-        matmul_backward(g.dln1, GG(T_WK, l), g.dkp_x, la.ln1, PP(T_WK, l), (int)N, d, HK);
-        matmul_backward(g.dln1, GG(T_WV, l), g.dvp_x, la.ln1, PP(T_WV, l), (int)N, d, HV);
+        matmul_backward(g.dln1, DINP_ADD, GG(T_WQ, l), g.dqp_x, la.ln1, PP(T_WQ, l), (int)N, d, HK);
+        matmul_backward(g.dln1, DINP_ADD, GG(T_WK, l), g.dkp_x, la.ln1, PP(T_WK, l), (int)N, d, HK);
+        matmul_backward(g.dln1, DINP_ADD, GG(T_WV, l), g.dvp_x, la.ln1, PP(T_WV, l), (int)N, d, HV);
         rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d);
     }
     // embedding: group positions by token on the host (positions in increasing order), sum on the device
@@ -2437,7 +2577,7 @@ int main(int argc, char** argv) {
     parse_args(argc, argv, &mc, &tc);
     train_config_check(&tc, 1);
     if (!tc.chunk_form) { fail(EXIT_USAGE, "the CUDA trainer runs the chunkwise mixer only (--mixer chunk); the per-token form is the CPU reference's"); }
-    if (tc.chunk > 64) { fail(EXIT_USAGE, "--chunk must be <= 64 on the GPU (got %d)", tc.chunk); }
+    if (tc.chunk > 64 || tc.chunk % 16) { fail(EXIT_USAGE, "--chunk must be a multiple of 16, at most 64, on the GPU (got %d)", tc.chunk); }
     MqarConfig mq = {tc.mqar_vocab, tc.T, tc.mqar_pairs, tc.mqar_power_a};
 
     // the model: from a checkpoint (-e, or -y 1 with one in -o), else from the flags
@@ -2450,7 +2590,10 @@ int main(int argc, char** argv) {
     if (err) { fail(EXIT_USAGE, "%s", err); }
     if (tc.count_params) { print_param_table(&mc); return 0; }
     if (mc.precond == PRECOND_EXACT && mc.head_k > 128) { fail(EXIT_USAGE, "the exact preconditioner on the GPU needs --head-dim <= 128"); }
-    if (mc.conv_size > 17) { fail(EXIT_USAGE, "--conv-size must be <= 17 on the GPU"); }
+    if (mc.conv_size > CONV_CS_MAX) { fail(EXIT_USAGE, "--conv-size must be <= %d on the GPU", CONV_CS_MAX); }
+    if (mc.head_k > 256 || pdn_head_v(&mc) > 256) {
+        fail(EXIT_USAGE, "the GPU trainer needs key and value head dims of at most 256 (got K %d, V %d)", mc.head_k, pdn_head_v(&mc));
+    }
 
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
@@ -2467,6 +2610,12 @@ int main(int argc, char** argv) {
     cublasCheck(cublasSetMathMode(cublas_handle, CUBLAS_PEDANTIC_MATH)); // no TF32 anywhere
 #endif
     mixer_kernel_setup();
+    if (mc.decay == DECAY_CHANNEL) {
+        ChunkShape cs{1, 1, 1, tc.chunk, tc.chunk, 1, mc.head_k, pdn_head_v(&mc), mc.head_k, 1};
+        if (smem_scores_channel_bwd(cs) > (size_t)smem_optin) {
+            fail(EXIT_USAGE, "channel decay on this GPU supports key head dims up to about 128 (got %d)", mc.head_k);
+        }
+    }
     prof_on = getenv("PDN_PROFILE") && atoi(getenv("PDN_PROFILE")) != 0;
 
     Model m;
