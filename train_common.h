@@ -911,4 +911,27 @@ static void print_tokens(FILE* f, const Tokenizer* tok, const int* ids, int n) {
     bytebuf_free(&bb);
 }
 
+// the evaluation line and its log twin; *final_val keeps the last text val loss (for the closing line)
+static void report_eval(Logger* lg, const DataSource* ds, long step, double vl, double va, long nb, int B, long N, double* final_val) {
+    if (ds->kind == DATA_MQAR) {
+        printf("val | step %ld | loss %.6f | recall accuracy %.2f%% (%ld held-out sequences)\n", step, vl, 100 * va, nb * B);
+        logger_printf(lg, "s:%ld vl:%.6f vacc:%.4f\n", step, vl, va);
+    } else if (nb) {
+        printf("val | step %ld | loss %.6f (%ld batches, %ld tokens)\n", step, vl, nb, nb * N);
+        logger_printf(lg, "s:%ld vl:%.6f\n", step, vl);
+        *final_val = vl;
+    }
+}
+
+// --generate's output: with a tokenizer the prompt as given (without the <|endoftext|> put before it) and its
+// continuation, as text; without one the generated token ids. ids = prompt (P) followed by the n generated tokens.
+static void print_generation(const Tokenizer* tok, const int* ids, int P, int n) {
+    if (tok) {
+        int skip = ids[0] == tok->eot_id;
+        print_tokens(stdout, tok, ids + skip, P - skip + n);
+    } else {
+        print_tokens(stdout, NULL, ids + P, n);
+    }
+}
+
 #endif // PDN_TRAIN_COMMON_H

@@ -1587,12 +1587,7 @@ int main(int argc, char** argv) {
         double t0 = wall_seconds();
         generate(&m, ids, P, tc.generate, tc.temperature, tc.top_k, (uint64_t)tc.seed, ids + P);
         double dt = wall_seconds() - t0;
-        if (tok) { // the prompt as given (without the <|endoftext|> put before it) and its continuation, as text
-            int skip = ids[0] == tok->eot_id;
-            print_tokens(stdout, tok, ids + skip, P - skip + tc.generate);
-        } else {
-            print_tokens(stdout, NULL, ids + P, tc.generate);
-        }
+        print_generation(tok, ids, P, tc.generate);
         fprintf(stderr, "generated %d tokens after a %d-token prompt in %.1f ms\n", tc.generate, P, dt * 1e3);
         free(ids);
         model_free(&m);
@@ -1653,15 +1648,7 @@ int main(int argc, char** argv) {
         if ((tc.val_every && (step + 1) % tc.val_every == 0) || last) {
             double vl, va;
             long nb = evaluate(&m, &acts, &ds, x, y, &vl, &va);
-            if (ds.kind == DATA_MQAR) {
-                printf("val | step %ld | loss %.6f | recall accuracy %.2f%% (%ld held-out sequences)\n", step + 1, vl,
-                       100 * va, nb * tc.B);
-                logger_printf(&lg, "s:%ld vl:%.6f vacc:%.4f\n", step + 1, vl, va);
-            } else if (nb) {
-                printf("val | step %ld | loss %.6f (%ld batches, %ld tokens)\n", step + 1, vl, nb, nb * (long)N);
-                logger_printf(&lg, "s:%ld vl:%.6f\n", step + 1, vl);
-                final_val = vl;
-            }
+            report_eval(&lg, &ds, step + 1, vl, va, nb, tc.B, (long)N, &final_val);
         }
         if (sample_start >= 0 && ((step + 1) % tc.sample_every == 0 || last)) { print_sample(&m, &tc, tok, sample_start, step + 1); }
         if (tc.out_dir[0] && ((tc.ckpt_every && (step + 1) % tc.ckpt_every == 0) || last)) {

@@ -1195,13 +1195,9 @@ __global__ void scores_mask_kernel(float* Mk, float* A, floatX* P, const float* 
 // (k̂_i ⊙ exp(G_i - G_r)) · (k̃_j ⊙ exp(G_r - G_j)), and the exponent is never split at a point where it could
 // overflow. Only the diagonal 16 x 16 blocks take an exp per (i, j, c). One block per chunk; C a multiple of 16.
 #define SUB 16
-__global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floatX* Q, const floatX* Kh, const floatX* Kt,
-                                      const float* G, const float* beta, ChunkShape s) {
-    extern __shared__ float sm[];
-    int C = s.C, K = s.K, ld = K + 1, nb = C / SUB;
-    float *q_s = sm, *kh_s = q_s + C * ld, *kt_s = kh_s + C * ld, *g_s = kt_s + C * ld;
-    float *bh = g_s + C * ld, *ah = bh + SUB * ld, *qh = ah + SUB * ld;
-    long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
+// load chunk r0's q̂, k̂, k̃ and G (rows of K) into shared memory, row stride ld
+__device__ void chunk_rows_to_smem(float* q_s, float* kh_s, float* kt_s, float* g_s, const floatX* Q, const floatX* Kh,
+                                   const floatX* Kt, const float* G, long r0, int C, int K, int ld) {
     for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
         int i = e / K, c = e % K;
         long idx = (r0 + i) * K + c;
@@ -1210,6 +1206,32 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
         kt_s[i * ld + c] = tof(Kt[idx]);
         g_s[i * ld + c] = G[idx];
     }
+}
+// the pre-scaled rows of sub-block J (columns side) and I (rows side) for the anchor r = last token of J:
+// bh = k̃_J ⊙ exp(G_r - G_J); ah = k̂_I ⊙ exp(G_I - G_r), qh = q̂_I ⊙ exp(G_I - G_r)
+__device__ void scaled_cols(float* bh, const float* kt_s, const float* g_s, int J, int r, int K, int ld) {
+    for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+        int j = e / K, c = e % K, row = J * SUB + j;
+        bh[j * ld + c] = kt_s[row * ld + c] * expf(g_s[r * ld + c] - g_s[row * ld + c]);
+    }
+}
+__device__ void scaled_rows(float* ah, float* qh, const float* kh_s, const float* q_s, const float* g_s, int I, int r, int K, int ld) {
+    for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+        int i = e / K, c = e % K, row = I * SUB + i;
+        float ex = expf(g_s[row * ld + c] - g_s[r * ld + c]);
+        ah[i * ld + c] = kh_s[row * ld + c] * ex;
+        qh[i * ld + c] = q_s[row * ld + c] * ex;
+    }
+}
+
+__global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floatX* Q, const floatX* Kh, const floatX* Kt,
+                                      const float* G, const float* beta, ChunkShape s) {
+    extern __shared__ float sm[];
+    int C = s.C, K = s.K, ld = K + 1, nb = C / SUB;
+    float *q_s = sm, *kh_s = q_s + C * ld, *kt_s = kh_s + C * ld, *g_s = kt_s + C * ld;
+    float *bh = g_s + C * ld, *ah = bh + SUB * ld, *qh = ah + SUB * ld;
+    long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
+    chunk_rows_to_smem(q_s, kh_s, kt_s, g_s, Q, Kh, Kt, G, r0, C, K, ld);
     __syncthreads();
     // blocks above the diagonal are zero; diagonal blocks by direct per-channel decays
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
@@ -1232,18 +1254,10 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
     for (int J = 0; J + 1 < nb; J++) {
         int r = J * SUB + SUB - 1;
         __syncthreads();
-        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-            int j = e / K, c = e % K, row = J * SUB + j;
-            bh[j * ld + c] = kt_s[row * ld + c] * expf(g_s[r * ld + c] - g_s[row * ld + c]);
-        }
+        scaled_cols(bh, kt_s, g_s, J, r, K, ld);
         for (int I = J + 1; I < nb; I++) {
             __syncthreads();
-            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-                int i = e / K, c = e % K, row = I * SUB + i;
-                float ex = expf(g_s[row * ld + c] - g_s[r * ld + c]);
-                ah[i * ld + c] = kh_s[row * ld + c] * ex;
-                qh[i * ld + c] = q_s[row * ld + c] * ex;
-            }
+            scaled_rows(ah, qh, kh_s, q_s, g_s, I, r, K, ld);
             __syncthreads();
             for (int e = threadIdx.x; e < SUB * SUB; e += blockDim.x) {
                 int i = e / SUB, j = e % SUB;
@@ -1599,14 +1613,7 @@ __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float*
     float *q_s = sm, *kh_s = q_s + C * ld, *kt_s = kh_s + C * ld, *g_s = kt_s + C * ld, *dp_s = g_s + C * ld, *dm_s = dp_s + C * C;
     float *bh = dm_s + C * C, *ah = bh + SUB * ld, *qh = ah + SUB * ld;
     long q = blockIdx.x, r0 = q * C;
-    for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
-        int i = e / K, c = e % K;
-        long idx = (r0 + i) * K + c;
-        q_s[i * ld + c] = tof(Q[idx]);
-        kh_s[i * ld + c] = tof(Kh[idx]);
-        kt_s[i * ld + c] = tof(Kt[idx]);
-        g_s[i * ld + c] = G[idx];
-    }
+    chunk_rows_to_smem(q_s, kh_s, kt_s, g_s, Q, Kh, Kt, G, r0, C, K, ld);
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
         int i = e / C, j = e % C;
         dp_s[e] = j <= i ? dP[q * C * C + e] : 0.0f;
@@ -1640,18 +1647,10 @@ __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float*
     for (int J = 0; J + 1 < nb; J++) {
         int r = J * SUB + SUB - 1;
         __syncthreads();
-        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-            int j = e / K, c = e % K, row = J * SUB + j;
-            bh[j * ld + c] = kt_s[row * ld + c] * expf(g_s[r * ld + c] - g_s[row * ld + c]);
-        }
+        scaled_cols(bh, kt_s, g_s, J, r, K, ld);
         for (int I = J + 1; I < nb; I++) {
             __syncthreads();
-            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-                int i = e / K, c = e % K, row = I * SUB + i;
-                float ex = expf(g_s[row * ld + c] - g_s[r * ld + c]);
-                ah[i * ld + c] = kh_s[row * ld + c] * ex;
-                qh[i * ld + c] = q_s[row * ld + c] * ex;
-            }
+            scaled_rows(ah, qh, kh_s, q_s, g_s, I, r, K, ld);
             __syncthreads();
             for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
                 int x = e / K, c = e % K;
@@ -2453,16 +2452,17 @@ static void adamw_update(Model* m, const TrainConfig* tc, float lr, long step, f
     cudaCheck(cudaGetLastError());
 }
 
-// Held-out MQAR loss and recall accuracy, the same fixed stream as the CPU trainer
-static void eval_mqar(Model* m, Acts* a, const MqarConfig* mq, int batches, uint64_t seed, double* loss, double* acc) {
+// Held-out loss over the data source's evaluation batches (MQAR's fixed stream, the start of the text validation
+// split: the same batches as the CPU trainer) and the argmax accuracy at positions with a target. Returns the batches.
+static long evaluate(Model* m, Acts* a, DataSource* ds, double* loss, double* acc) {
     long N = (long)a->B * a->T;
     std::vector<int> x((size_t)N), y((size_t)N), am((size_t)N);
-    Rng r;
-    rng_seed(&r, seed ^ 0x5EED0F7E57DA7AULL);
+    long batches = data_val_begin(ds);
     double lsum = 0.0;
     long hits = 0, count = 0;
-    for (int bi = 0; bi < batches; bi++) {
-        mqar_batch(mq, &r, a->B, x.data(), y.data());
+    for (long bi = 0; bi < batches; bi++) {
+        data_val_next(ds, x.data(), y.data());
+        check_tokens(x.data(), N, m->cfg.vocab_size);
         upload_batch(a, x.data(), y.data());
         pdn_forward(m, a, nullptr);
         long c;
@@ -2472,6 +2472,7 @@ static void eval_mqar(Model* m, Acts* a, const MqarConfig* mq, int batches, uint
     }
     *loss = count ? lsum / count : 0.0;
     *acc = count ? (double)hits / count : 0.0;
+    return batches;
 }
 
 static std::vector<float> to_host_float(const floatX* d, long n) {
@@ -2504,7 +2505,7 @@ static void write_debug_state(Model* m, Acts* a, const int* x, const int* y, con
     printf("wrote %s: B %d, T %d, loss %.9f, %zu gradient elements\n", path, a->B, a->T, d.loss, m->lay.num_elems);
 }
 
-static void save_checkpoint(Model* m, const TrainConfig* tc, long step, const Rng* data_rng) {
+static void save_checkpoint(Model* m, const TrainConfig* tc, long step, const DataSource* ds) {
     char mp[1100], sp[1100];
     ckpt_paths(tc->out_dir, step, mp, sp, sizeof mp);
     size_t n = m->lay.num_elems;
@@ -2516,8 +2517,7 @@ static void save_checkpoint(Model* m, const TrainConfig* tc, long step, const Rn
     TrainState st;
     memset(&st, 0, sizeof st);
     st.step = step; st.model_crc = crc; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = 1;
-    st.n_data = 4;
-    for (int i = 0; i < 4; i++) { st.data[i] = data_rng->s[i]; }
+    data_save(ds, &st);
     state_write(sp, &st, hm.data(), hv.data(), n, "f32");
     printf("saved checkpoint %s (+ %s)\n", mp, sp);
 }
@@ -2578,14 +2578,18 @@ int main(int argc, char** argv) {
     train_config_check(&tc, 1);
     if (!tc.chunk_form) { fail(EXIT_USAGE, "the CUDA trainer runs the chunkwise mixer only (--mixer chunk); the per-token form is the CPU reference's"); }
     if (tc.chunk > 64 || tc.chunk % 16) { fail(EXIT_USAGE, "--chunk must be a multiple of 16, at most 64, on the GPU (got %d)", tc.chunk); }
-    MqarConfig mq = {tc.mqar_vocab, tc.T, tc.mqar_pairs, tc.mqar_power_a};
 
-    // the model: from a checkpoint (-e, or -y 1 with one in -o), else from the flags
+    // the model: from a checkpoint (-e, or -y 1 with one in -o), else from the flags; a vocabulary the preset leaves at
+    // 0 comes from the data source (MQAR: --mqar-vocab; text: the tokenizer, else the shards)
     real* loaded = nullptr;
     uint32_t loaded_crc = 0;
     char resume_state[1100];
     load_model_source(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state);
-    if (mc.vocab_size == 0) { mc.vocab_size = tc.mqar_vocab; }
+    Tokenizer tok_mem;
+    Tokenizer* tok = load_tokenizer_flag(&tc, &tok_mem);
+    DataSource ds;
+    memset(&ds, 0, sizeof ds);
+    if (!tc.generate) { data_init(&ds, &tc, tok ? tok->vocab_size : 0, &mc.vocab_size, 0, 1); }
     const char* err = pdn_config_check(&mc);
     if (err) { fail(EXIT_USAGE, "%s", err); }
     if (tc.count_params) { print_param_table(&mc); return 0; }
@@ -2623,37 +2627,33 @@ int main(int argc, char** argv) {
     std::vector<float> host(m.lay.num_elems);
     if (loaded) { memcpy(host.data(), loaded, host.size() * sizeof(float)); free(loaded); }
     else { pdn_init_params(&mc, &m.lay, host.data(), (uint64_t)tc.seed); }
-
-    Rng data_rng;
-    uint64_t sm = (uint64_t)tc.seed ^ 0x7261696E;
-    rng_seed(&data_rng, splitmix64(&sm));
     long start_step = 0;
-    if (resume_state[0]) {
+    if (resume_state[0] && !tc.generate) { // the optimizer moments, the step and the data position
         TrainState st;
         std::vector<float> hm(m.lay.num_elems), hv(m.lay.num_elems);
         resume_state_read(resume_state, &tc, 1, loaded_crc, &st, hm.data(), hv.data(), m.lay.num_elems, "f32");
-        if (st.n_data != 4) { fail(EXIT_BADFILE, "%s: the data position is not an MQAR stream's", resume_state); }
+        data_restore(&ds, &st, resume_state);
         cudaCheck(cudaMemcpy(m.m, hm.data(), hm.size() * sizeof(float), cudaMemcpyHostToDevice));
         cudaCheck(cudaMemcpy(m.v, hv.data(), hv.size() * sizeof(float), cudaMemcpyHostToDevice));
-        for (int i = 0; i < 4; i++) { data_rng.s[i] = st.data[i]; }
         start_step = st.step;
     }
     model_set_master(&m, host.data(), start_step); // the floatX parameters of that step, rounded as the run did
 
     if (tc.generate) {
-        std::vector<int> prompt(65536);
-        int P = parse_prompt(tc.prompt, prompt.data(), 65536);
-        if (P == 0) { fail(EXIT_USAGE, "--generate needs a --prompt of at least one token id"); }
-        check_tokens(prompt.data(), P, mc.vocab_size);
-        std::vector<int> out((size_t)tc.generate);
+        std::vector<int> ids(65536 + (size_t)tc.generate);
+        int P = prompt_tokens(&tc, tok, mc.vocab_size, ids.data(), 65536);
         double t0 = wall_seconds();
-        generate(&m, prompt.data(), P, tc.generate, tc.temperature, tc.top_k, (uint64_t)tc.seed, out.data());
+        generate(&m, ids.data(), P, tc.generate, tc.temperature, tc.top_k, (uint64_t)tc.seed, ids.data() + P);
         double dt = wall_seconds() - t0;
-        for (int i = 0; i < tc.generate; i++) { printf("%d%c", out[(size_t)i], i + 1 < tc.generate ? ' ' : '\n'); }
+        print_generation(tok, ids.data(), P, tc.generate);
         fprintf(stderr, "generated %d tokens after a %d-token prompt in %.1f ms\n", tc.generate, P, dt * 1e3);
+        if (tok) { tokenizer_free(tok); }
         return 0;
     }
-    check_task(&mq, &mc);
+    data_check_task(&ds, tok, &mc);
+    // samples start as a document does in the shards: after an <|endoftext|>
+    int sample_start = tc.sample_every ? tok->eot_id : -1;
+    if (tc.sample_every && sample_start < 0) { fail(EXIT_USAGE, "-s: the tokenizer has no <|endoftext|> token to start samples from"); }
     double peak = peak_bf16_flops(&prop);
     char device[320];
     snprintf(device, sizeof device, "%s (%d SMs)", prop.name, prop.multiProcessorCount);
@@ -2665,8 +2665,8 @@ int main(int argc, char** argv) {
            m.lay.num_elems * (sizeof(floatX) + 4.0 * 4) / 1048576.0, acts.arena.bytes / 1048576.0);
     size_t N = (size_t)tc.B * tc.T;
     std::vector<int> x(N), y(N);
-    if (tc.debug_state[0]) {
-        mqar_batch(&mq, &data_rng, tc.B, x.data(), y.data());
+    if (tc.debug_state[0]) { // one micro-batch, the first of this run's data stream, as the CPU trainer does
+        data_next(&ds, x.data(), y.data());
         write_debug_state(&m, &acts, x.data(), y.data(), tc.debug_state);
         return 0;
     }
@@ -2676,18 +2676,18 @@ int main(int argc, char** argv) {
     float* norm_scratch;
     cudaCheck(cudaMalloc(&norm_scratch, (NORM_BLOCKS + 1) * sizeof(float)));
     double fpt = flops_per_token(&mc, &m.lay, tc.chunk);
-    printf("MQAR: vocab %d, length %d, %d pairs; chance accuracy ~%.1f%%\n", mq.vocab, mq.seq_len, mq.pairs, 100.0 / (mq.vocab / 2));
+    data_describe(&ds, mc.vocab_size);
     cudaEvent_t ev0, ev1;
     cudaCheck(cudaEventCreate(&ev0));
     cudaCheck(cudaEventCreate(&ev1));
-    double t_start = wall_seconds(), t_steps = 0.0;
+    double t_start = wall_seconds(), t_steps = 0.0, final_val = -1.0;
     int timed = 0;
     for (long step = start_step; step < tc.steps; step++) {
         cudaCheck(cudaEventRecord(ev0, main_stream));
         cudaCheck(cudaMemsetAsync(m.grads, 0, m.lay.num_elems * sizeof(float), main_stream));
         double loss = 0.0;
         for (int micro = 0; micro < tc.grad_accum; micro++) {
-            mqar_batch(&mq, &data_rng, tc.B, x.data(), y.data());
+            data_next(&ds, x.data(), y.data());
             loss += forward_backward(&m, &acts, x.data(), y.data(), tc.grad_accum) / tc.grad_accum;
         }
         if (!isfinite(loss)) {
@@ -2714,23 +2714,32 @@ int main(int argc, char** argv) {
         int last = step + 1 == tc.steps;
         if ((tc.val_every && (step + 1) % tc.val_every == 0) || last) {
             double vl, va;
-            eval_mqar(&m, &acts, &mq, tc.val_batches, (uint64_t)tc.seed, &vl, &va);
-            printf("val | step %ld | loss %.6f | recall accuracy %.2f%% (%d held-out sequences)\n", step + 1, vl, 100 * va,
-                   tc.val_batches * tc.B);
-            logger_printf(&lg, "s:%ld vl:%.6f vacc:%.4f\n", step + 1, vl, va);
+            long nb = evaluate(&m, &acts, &ds, &vl, &va);
+            report_eval(&lg, &ds, step + 1, vl, va, nb, tc.B, (long)N, &final_val);
+        }
+        if (sample_start >= 0 && tc.gen_tokens > 0 && ((step + 1) % tc.sample_every == 0 || last)) {
+            std::vector<int> o((size_t)tc.gen_tokens);
+            generate(&m, &sample_start, 1, tc.gen_tokens, tc.temperature, tc.top_k, (uint64_t)tc.seed, o.data());
+            printf("sample | step %ld | %d tokens after <|endoftext|>:\n", step + 1, tc.gen_tokens);
+            print_tokens(stdout, tok, o.data(), tc.gen_tokens);
+            printf("---\n");
         }
         if (tc.out_dir[0] && ((tc.ckpt_every && (step + 1) % tc.ckpt_every == 0) || last)) {
-            save_checkpoint(&m, &tc, step + 1, &data_rng);
+            save_checkpoint(&m, &tc, step + 1, &ds);
         }
     }
     prof_report(timed);
     size_t free_b, total_b;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    printf("done: %ld steps in %.1f s; %.0f tok/s averaged over the timed steps; device memory in use %.1f GiB\n",
+    printf("done: %ld steps in %.1f s; %.0f tok/s averaged over the timed steps; device memory in use %.1f GiB",
            tc.steps - start_step, wall_seconds() - t_start, timed ? tc.total_batch / (t_steps / timed) : 0.0,
            (total_b - free_b) / 1073741824.0);
+    if (final_val >= 0) { printf("; final val loss %.6f", final_val); }
+    printf("\n");
     acts_free(&acts);
     model_free(&m);
+    data_free(&ds);
+    if (tok) { tokenizer_free(tok); }
     return 0;
 }
 #endif
