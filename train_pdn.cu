@@ -1011,6 +1011,34 @@ __global__ void precond_dc_kernel(float* dlas, const float* dcp, int B, int H, i
     dlas[h] += s;
 }
 
+// the buffers of the three-pass scan: the layer keeps astat (rows, K) and gpc (rows); loc (rows, K), ca, cb (nq, K)
+// and cc (nq) are scratch, reused by the backward
+struct PrecondBufs { float *loc, *ca, *cb, *cc, *astat, *gpc; };
+
+// k̃ (hm floatX) from k̂, gP, betaP (rows); a0 / a_final (B, H, K) optional (generation)
+static void precond_diag_forward(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
+                                 const floatX* log_atk_scale, const float* a0, float* a_final, int B, int H, int NC, int C,
+                                 int K, float x, float eps) {
+    int nq = B * H * NC;
+    precond_local_kernel<<<nq, K, 0, main_stream>>>(pb.loc, pb.gpc, pb.ca, pb.cc, k, gp, bp, C, K);
+    precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, a0, a_final, NC, K);
+    precond_fix_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.loc, pb.gpc, pb.cb, k, log_atk_scale, H, NC, C, K, logf(x), eps);
+    cudaCheck(cudaGetLastError());
+}
+
+// from dk̃ (hm fp32): dk += (both paths), dgp, dbp (rows) written, dlog_atk_scale (H) +=
+static void precond_diag_backward(float* dk, float* dgp, float* dbp, float* dlas, const PrecondBufs& pb, const float* dkt,
+                                  const floatX* k, const float* gp, const float* bp, const floatX* log_atk_scale, int B,
+                                  int H, int NC, int C, int K, float x, float eps) {
+    int nq = B * H * NC, kthreads = std::max(32, (K + 31) / 32 * 32);
+    precond_local_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(dk, pb.loc, pb.ca, pb.cc, dkt, k, gp, pb.astat, log_atk_scale,
+                                                               H, NC, C, K, logf(x), eps);
+    precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.gpc, gp, NC, C, K);
+    precond_fix_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, pb.loc, pb.cb, pb.gpc, gp, bp, pb.astat, k, NC, C, K);
+    precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(dlas, pb.cc, B, H, NC);
+    cudaCheck(cudaGetLastError());
+}
+
 // 3b. exact preconditioner (SPEC §5): one block per (b, h), P (K x K fp32) in shared memory, sequential over tokens.
 // Per token: w = P k, den = 1 + k·w, k̃ = w / den, P -= k̃ wᵀ. P at every chunk start goes to pstate (for the
 // backward); P0 / P_final (B,H,K,K) optional.
@@ -1418,12 +1446,13 @@ __global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float*
 // Sb is the MMA operand (and what hstate stores), as in the fp32 scan's use of the stored V'. W, Kd, Qg and dO are
 // read as MMA tiles straight from global memory (Kdᵀ, Qgᵀ, Wᵀ as column-major views of the row-major tiles).
 using namespace nvcuda;
+#define SCAN_WARPS 8 // warps of a scan block; the output tiles of each product are dealt out among them
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragAT;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 
-__global__ void __launch_bounds__(128) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, const floatX* W, const floatX* U,
+__global__ void __launch_bounds__(32 * SCAN_WARPS) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, const floatX* W, const floatX* U,
                                                                   const floatX* Kd, const float* G, const float* S0,
                                                                   float* S_final, ChunkShape s) {
     extern __shared__ __align__(32) unsigned char smem_raw[];
@@ -1446,7 +1475,7 @@ __global__ void __launch_bounds__(128) state_forward_wmma_kernel(floatX* hstate,
             hstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = Sb[e];
         }
         // Vt = W Sb: (C x K)(K x 32), output tiles (mt x 2)
-        for (int t = warp; t < mt * 2; t += 4) {
+        for (int t = warp; t < mt * 2; t += SCAN_WARPS) {
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
@@ -1473,7 +1502,7 @@ __global__ void __launch_bounds__(128) state_forward_wmma_kernel(floatX* hstate,
         }
         __syncthreads();
         // S += Kdᵀ V': (K x C)(C x 32), output tiles (kt x 2) accumulated onto S
-        for (int t = warp; t < kt * 2; t += 4) {
+        for (int t = warp; t < kt * 2; t += SCAN_WARPS) {
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::load_matrix_sync(acc, S + 16 * i * SCAN_BV + 16 * j, SCAN_BV, wmma::mem_row_major);
@@ -1496,7 +1525,7 @@ __global__ void __launch_bounds__(128) state_forward_wmma_kernel(floatX* hstate,
 }
 
 // backward scan on tensor cores: dhstate[c] = dS; dV' = dVloc + Kd dS; dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'
-__global__ void __launch_bounds__(128) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const float* dVloc,
+__global__ void __launch_bounds__(32 * SCAN_WARPS) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const float* dVloc,
                                                                    const floatX* dO, const floatX* W, const floatX* Qg,
                                                                    const floatX* Kd, const float* G, float* dS0, ChunkShape s) {
     extern __shared__ __align__(32) unsigned char smem_raw[];
@@ -1515,7 +1544,7 @@ __global__ void __launch_bounds__(128) state_backward_wmma_kernel(floatX* dhstat
             dhstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dSb[e];
         }
         // dV' = dVloc + Kd dSb: (C x K)(K x 32)
-        for (int t = warp; t < mt * 2; t += 4) {
+        for (int t = warp; t < mt * 2; t += SCAN_WARPS) {
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::load_matrix_sync(acc, dVloc + (r0 + 16 * i) * V + v0 + 16 * j, V, wmma::mem_row_major);
@@ -1541,7 +1570,7 @@ __global__ void __launch_bounds__(128) state_backward_wmma_kernel(floatX* dhstat
         }
         __syncthreads();
         // dS += Qgᵀ dO - Wᵀ dV': (K x C)(C x 32)
-        for (int t = warp; t < kt * 2; t += 4) {
+        for (int t = warp; t < kt * 2; t += SCAN_WARPS) {
             int i = t / 2, j = t % 2;
             FragC acc, neg;
             wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_BV + 16 * j, SCAN_BV, wmma::mem_row_major);
@@ -1569,8 +1598,10 @@ __global__ void __launch_bounds__(128) state_backward_wmma_kernel(floatX* dhstat
 }
 
 static size_t smem_scan_wmma(const ChunkShape& s);
+static int scan_force_simt = 0; // the kernel lab sets it to time and check the fp32 SIMT scans in the bf16 build
 static bool scan_uses_wmma(const ChunkShape& s) {
-    return s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 && smem_scan_wmma(s) <= (size_t)smem_optin - 1024;
+    return !scan_force_simt && s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 &&
+           smem_scan_wmma(s) + 1024 <= (size_t)smem_optin;
 }
 static size_t smem_scan_wmma(const ChunkShape& s) {
     return (size_t)(s.K + s.C) * SCAN_BV * sizeof(float) + (size_t)(s.K + s.C) * SCAN_BV * 2;
@@ -1871,7 +1902,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     PROF("mixer.fwd.scan");
 #ifndef ENABLE_FP32
     if (scan_uses_wmma(s)) {
-        state_forward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 128, smem_scan_wmma(s), main_stream>>>(
+        state_forward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS, smem_scan_wmma(s), main_stream>>>(
             sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
     } else
 #endif
@@ -1900,7 +1931,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     PROF("mixer.bwd.scan");
 #ifndef ENABLE_FP32
     if (scan_uses_wmma(s)) {
-        state_backward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 128, smem_scan_wmma(s), main_stream>>>(
+        state_backward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS, smem_scan_wmma(s), main_stream>>>(
             sc->dhstate, sc->dVn, sc->dVloc, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
     } else
 #endif
@@ -2047,6 +2078,30 @@ struct Acts {
 
 static int decay_width(const PdnConfig* c) { return c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : c->head_k; }
 
+// the mixer's buffers, in one place for the trainer and the kernel lab: what a layer keeps for its backward, and the
+// scratch all layers share (the backward's part only with grads; the diagonal preconditioner's only with diag)
+static void mixer_saved_add(Arena& ar, MixerSaved* mx, const ChunkShape& s) {
+    long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    memset(mx, 0, sizeof(*mx));
+    ar.add(&mx->G, rows * gw); ar.add(&mx->Mk, s.nq * CC); ar.add(&mx->Tx, s.nq * CC); ar.add(&mx->P, s.nq * CC);
+    ar.add(&mx->W, rows * K); ar.add(&mx->U, rows * V); ar.add(&mx->Qg, rows * K); ar.add(&mx->Kd, rows * K);
+    ar.add(&mx->Vn, rows * V); ar.add(&mx->hstate, s.nq * K * V); ar.add(&mx->O, rows * V);
+}
+static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, int with_grads, int diag) {
+    long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, nq = s.nq;
+    memset(sc, 0, sizeof(*sc));
+    ar.add(&sc->Mraw, nq * CC); ar.add(&sc->Praw, nq * CC); ar.add(&sc->A, nq * CC); ar.add(&sc->Tinv, nq * CC);
+    ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V);
+    if (diag) { ar.add(&sc->pc_loc, rows * K); ar.add(&sc->pc_a, nq * K); ar.add(&sc->pc_b, nq * K); ar.add(&sc->pc_c, nq); }
+    if (!with_grads) { return; }
+    ar.add(&sc->dVloc, rows * V); ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K); ar.add(&sc->dW, rows * K);
+    ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V); ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
+    ar.add(&sc->dWx, rows * K); ar.add(&sc->dXx, rows * K); ar.add(&sc->dYx, rows * V);
+    ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dbetaA, rows);
+    ar.add(&sc->dPm, nq * CC); ar.add(&sc->dMm, nq * CC);
+    ar.add(&sc->dq_s, rows * K); ar.add(&sc->dkh_s, rows * K); ar.add(&sc->dkt_s, rows * K);
+}
+
 static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
     const PdnConfig* c = &m->cfg;
     Acts a;
@@ -2056,7 +2111,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
     int d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c), I = c->mlp_hidden, L = c->n_layer;
     int gk = decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
     a.cs = ChunkShape{B, H, T, Tp, C, NC, K, V, gk, (long)B * H * NC};
-    long N = (long)B * T, rows = (long)B * H * Tp, nq = a.cs.nq, CC = (long)C * C;
+    long N = (long)B * T, rows = (long)B * H * Tp;
     int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
     Arena& ar = a.arena;
     a.L.resize(L);
@@ -2078,10 +2133,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
             ar.add(&la.astat, rows * K); ar.add(&la.gpc, rows);
         }
         if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * K * K); }
-        MixerSaved& mx = la.mx;
-        ar.add(&mx.G, rows * gw); ar.add(&mx.Mk, nq * CC); ar.add(&mx.Tx, nq * CC); ar.add(&mx.P, nq * CC);
-        ar.add(&mx.W, rows * K); ar.add(&mx.U, rows * V); ar.add(&mx.Qg, rows * K); ar.add(&mx.Kd, rows * K);
-        ar.add(&mx.Vn, rows * V); ar.add(&mx.hstate, nq * K * V); ar.add(&mx.O, rows * V);
+        mixer_saved_add(ar, &la.mx, a.cs);
         ar.add(&la.on, N * HV); ar.add(&la.o_rstd, N * H);
         if (c->out_gate) { ar.add(&la.g1, N * V); ar.add(&la.gz, N * HV); ar.add(&la.og, N * HV); }
         ar.add(&la.h, N * d); ar.add(&la.ln2, N * d); ar.add(&la.ln2_rstd, N);
@@ -2091,20 +2143,10 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
     ar.add(&a.logits, N * c->vocab_size); ar.add(&a.losses, N); ar.add(&a.argmax, N);
     ar.add(&a.ymix, N * d); ar.add(&a.ymlp, N * d);
     ar.add(&a.tokens, N); ar.add(&a.targets, N);
-    MixerScratch& sc = a.sc;
-    memset(&sc, 0, sizeof(sc));
-    ar.add(&sc.Mraw, nq * CC); ar.add(&sc.Praw, nq * CC); ar.add(&sc.A, nq * CC); ar.add(&sc.Tinv, nq * CC);
-    ar.add(&sc.X, rows * K); ar.add(&sc.Y, rows * V);
-    if (diag) { ar.add(&sc.pc_loc, rows * K); ar.add(&sc.pc_a, nq * K); ar.add(&sc.pc_b, nq * K); ar.add(&sc.pc_c, nq); }
+    mixer_scratch_add(ar, &a.sc, a.cs, with_grads, diag);
     GradBufs& g = a.gb;
     memset(&g, 0, sizeof(g));
     if (with_grads) {
-        ar.add(&sc.dVloc, rows * V); ar.add(&sc.dQg, rows * K); ar.add(&sc.dKd, rows * K); ar.add(&sc.dW, rows * K);
-        ar.add(&sc.dX, rows * K); ar.add(&sc.dY, rows * V); ar.add(&sc.dhstate, nq * K * V); ar.add(&sc.dVn, rows * V);
-        ar.add(&sc.dWx, rows * K); ar.add(&sc.dXx, rows * K); ar.add(&sc.dYx, rows * V);
-        ar.add(&sc.dP, nq * CC); ar.add(&sc.dA, nq * CC); ar.add(&sc.dbetaA, rows);
-        ar.add(&sc.dPm, nq * CC); ar.add(&sc.dMm, nq * CC);
-        ar.add(&sc.dq_s, rows * K); ar.add(&sc.dkh_s, rows * K); ar.add(&sc.dkt_s, rows * K);
         long wp = (long)H * gw; // the gates' small scratch
         ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln1, N * d); ar.add(&g.dln2, N * d);
         ar.add(&g.dma_x, N * I); ar.add(&g.dog, N * HV); ar.add(&g.dlnf, N * d); ar.add(&g.wprod, wp);
@@ -2215,14 +2257,9 @@ static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
         { PROF("fwd.precond");
         if (c->precond == PRECOND_DIAG) {
             float* a0 = rs ? rs->a + lb * H * K : nullptr;
-            MixerScratch& sc = a->sc;
-            int nq = (int)s.nq;
-            precond_local_kernel<<<nq, K, 0, main_stream>>>(sc.pc_loc, la.gpc, sc.pc_a, sc.pc_c, la.kn, la.gp, la.betap, m->C, K);
-            precond_carry_kernel<<<B * H, K, 0, main_stream>>>(sc.pc_b, sc.pc_a, sc.pc_c, a0, a0, a->NC, K);
-            precond_fix_kernel<<<nq, K, 0, main_stream>>>(la.kt, la.astat, sc.pc_loc, la.gpc, sc.pc_b, la.kn,
-                                                          PP(T_LOG_ATK_SCALE, l), H, a->NC, m->C, K, logf(c->squash_x),
-                                                          c->precond_eps);
-            cudaCheck(cudaGetLastError());
+            PrecondBufs pb{a->sc.pc_loc, a->sc.pc_a, a->sc.pc_b, a->sc.pc_c, la.astat, la.gpc};
+            precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, B, H, a->NC, m->C, K,
+                                 c->squash_x, c->precond_eps);
         } else if (c->precond == PRECOND_EXACT) {
             float* P0 = rs ? rs->P + lb * H * K * K : nullptr;
             size_t sm = ((size_t)K * K + 2 * K) * sizeof(float);
@@ -2313,16 +2350,9 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                              la.kt, la.v, la.beta, c->precond == PRECOND_NONE, a->cs);
         { PROF("bwd.precond");
         if (c->precond == PRECOND_DIAG) {
-            MixerScratch& sc = a->sc;
-            int nq = (int)a->cs.nq, kthreads = std::max(32, (K + 31) / 32 * 32);
-            precond_local_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(g.dkh, sc.pc_loc, sc.pc_a, sc.pc_c, g.dkt, la.kn, la.gp,
-                                                                       la.astat, PP(T_LOG_ATK_SCALE, l), H, a->NC, m->C, K,
-                                                                       logf(c->squash_x), c->precond_eps);
-            precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(sc.pc_b, sc.pc_a, la.gpc, la.gp, a->NC, m->C, K);
-            precond_fix_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(g.dkh, g.dgp, g.dbp, sc.pc_loc, sc.pc_b, la.gpc, la.gp,
-                                                                     la.betap, la.astat, la.kn, a->NC, m->C, K);
-            precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(GG(T_LOG_ATK_SCALE, l), sc.pc_c, B, H, a->NC);
-            cudaCheck(cudaGetLastError());
+            PrecondBufs pb{a->sc.pc_loc, a->sc.pc_a, a->sc.pc_b, a->sc.pc_c, la.astat, la.gpc};
+            precond_diag_backward(g.dkh, g.dgp, g.dbp, GG(T_LOG_ATK_SCALE, l), pb, g.dkt, la.kn, la.gp, la.betap,
+                                  PP(T_LOG_ATK_SCALE, l), B, H, a->NC, m->C, K, c->squash_x, c->precond_eps);
         } else if (c->precond == PRECOND_EXACT) {
             size_t sm = ((size_t)K * K + 5 * K) * sizeof(float);
             precond_exact_backward_kernel<<<B * H, 256, sm, main_stream>>>(g.dkh, g.pbuf, g.dkt, la.kn, la.pstate, T, Tp, K,
@@ -2570,6 +2600,26 @@ static double flops_per_token(const PdnConfig* c, const PdnLayout* lay, int C) {
     return 6.0 * (double)lay->num_params + mixer;
 }
 
+// the device, cuBLAS handles and workspace, kernel attributes: what runs before the first kernel (trainer and lab)
+static cudaDeviceProp gpu_setup(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fail(EXIT_SYSTEM, "no CUDA device found (this needs a GPU; train_pdn is the CPU trainer)");
+    }
+    cudaDeviceProp prop;
+    cudaCheck(cudaSetDevice(0));
+    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cublasCheck(cublasCreate(&cublas_handle));
+    cublasCheck(cublasLtCreate(&cublaslt_handle));
+    cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
+    cublasCheck(cublasSetWorkspace(cublas_handle, cublaslt_workspace, cublaslt_workspace_size));
+#ifdef ENABLE_FP32
+    cublasCheck(cublasSetMathMode(cublas_handle, CUBLAS_PEDANTIC_MATH)); // no TF32 anywhere
+#endif
+    mixer_kernel_setup();
+    return prop;
+}
+
 #ifndef TESTING
 int main(int argc, char** argv) {
     PdnConfig mc;
@@ -2599,21 +2649,7 @@ int main(int argc, char** argv) {
         fail(EXIT_USAGE, "the GPU trainer needs key and value head dims of at most 256 (got K %d, V %d)", mc.head_k, pdn_head_v(&mc));
     }
 
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-        fail(EXIT_SYSTEM, "no CUDA device found (this is the GPU trainer; train_pdn is the CPU one)");
-    }
-    cudaDeviceProp prop;
-    cudaCheck(cudaSetDevice(0));
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
-    cublasCheck(cublasCreate(&cublas_handle));
-    cublasCheck(cublasLtCreate(&cublaslt_handle));
-    cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
-    cublasCheck(cublasSetWorkspace(cublas_handle, cublaslt_workspace, cublaslt_workspace_size));
-#ifdef ENABLE_FP32
-    cublasCheck(cublasSetMathMode(cublas_handle, CUBLAS_PEDANTIC_MATH)); // no TF32 anywhere
-#endif
-    mixer_kernel_setup();
+    cudaDeviceProp prop = gpu_setup();
     if (mc.decay == DECAY_CHANNEL) {
         ChunkShape cs{1, 1, 1, tc.chunk, tc.chunk, 1, mc.head_k, pdn_head_v(&mc), mc.head_k, 1};
         if (smem_scores_channel_bwd(cs) > (size_t)smem_optin) {

@@ -30,11 +30,51 @@ for size in tiny 340m-layer; do
         rows+=("$(printf "%-11s %-11s | fp32 %-4s (worst max-rel %s) | bf16 %-4s (worst L2 %s)" "$v" "$size" "$r32" "$w32" "$r16" "$w16")")
     done
 done
+# text: the same batch of token shards through both trainers (a 512-token BPE learned from this repository's docs)
+make -s dev/data/train_bpe dev/data/prepare_shards || exit 1
+./dev/data/train_bpe --vocab-size 512 --out-dir "$out/tok" --quiet 1 README.md dev/data/README.md > /dev/null
+./dev/data/prepare_shards --tokenizer "$out/tok/tokenizer.bin" --out "$out/text/docs" --val-tokens 2000 --quiet 1 \
+    README.md dev/data/README.md > /dev/null
+for bin in train_pdn train_pdncu_fp32 train_pdncu; do
+    ./$bin --preset pgdn-tiny -i "$out/text/docs_train_*.bin" --tokenizer "$out/tok/tokenizer.bin" -b 4 -t 100 \
+        --debug-state "$out/text.$bin.bin" > /dev/null 2>&1 || echo "FAILED: $bin text debug state"
+done
+r32=$(./test_pdn --compare "$out/text.train_pdn.bin" "$out/text.train_pdncu_fp32.bin" | tail -1 | cut -d: -f1)
+r16=$(./test_pdn --compare "$out/text.train_pdn.bin" "$out/text.train_pdncu.bin" | tail -1 | cut -d: -f1)
+rows+=("$(printf "%-11s %-11s | fp32 %-4s | bf16 %-4s" "pgdn" "text" "$r32" "$r16")")
+
 for bin in train_pdn train_pdncu_fp32 train_pdncu; do
     ./$bin --preset pgdn-tiny -x 10 -v 0 -m 1 -o "$out/run10.$bin" > /dev/null 2>&1 || echo "FAILED: $bin run10"
 done
+
+# Checkpoints across runs and devices, 12 steps of 2 accumulated micro-batches, checkpoints at 6 and 12.
+# (1) resume on the GPU reproduces the uninterrupted run bit for bit (bf16 too: the stochastic-rounding seeds depend
+# only on the step); (2) a CPU checkpoint continues on the GPU (fp32 build) and a GPU one on the CPU, and steps 7-12
+# match the other trainer's uninterrupted run to fp32 rounding (max relative difference printed).
+flags="--preset pgdn-tiny -b 8 -t 64 -d 1024 -x 12 -n 6 -v 0 -m 1"
+losses() { grep -o '^s:\([7-9]\|1[0-2]\) trl:[0-9.e-]*' "$1/main.log"; }
+maxrel() { paste <(losses "$1" | cut -d: -f3) <(losses "$2" | cut -d: -f3) | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r } END { printf "%.1e", m }'; }
+resume_rows=()
+for bin in train_pdn train_pdncu train_pdncu_fp32; do
+    rm -rf "$out/ck.$bin."*
+    ./$bin $flags -o "$out/ck.$bin.a" > /dev/null 2>&1 || echo "FAILED: $bin checkpoint run"
+done
+for bin in train_pdncu train_pdncu_fp32; do
+    mkdir -p "$out/ck.$bin.b" && cp "$out/ck.$bin.a/"*_00000006.bin "$out/ck.$bin.b/"
+    ./$bin $flags -o "$out/ck.$bin.b" -y 1 > /dev/null 2>&1 || echo "FAILED: $bin resume"
+    same=$(cmp -s "$out/ck.$bin.a/model_00000012.bin" "$out/ck.$bin.b/model_00000012.bin" && [ "$(losses "$out/ck.$bin.a")" = "$(losses "$out/ck.$bin.b")" ] && echo "bit-exact" || echo "DIFFERENT")
+    resume_rows+=("$(printf "%-18s resume at step 6 vs uninterrupted: %s" "$bin" "$same")")
+done
+mkdir -p "$out/ck.cpu2gpu" && cp "$out/ck.train_pdn.a/"*_00000006.bin "$out/ck.cpu2gpu/"
+./train_pdncu_fp32 $flags -o "$out/ck.cpu2gpu" -y 1 > /dev/null 2>&1 || echo "FAILED: CPU -> GPU resume"
+resume_rows+=("$(printf "%-18s CPU checkpoint continued on the GPU (fp32): steps 7-12 vs the CPU run, max rel %s" "cpu -> gpu" "$(maxrel "$out/ck.cpu2gpu" "$out/ck.train_pdn.a")")")
+mkdir -p "$out/ck.gpu2cpu" && cp "$out/ck.train_pdncu_fp32.a/"*_00000006.bin "$out/ck.gpu2cpu/"
+./train_pdn $flags -o "$out/ck.gpu2cpu" -y 1 > /dev/null 2>&1 || echo "FAILED: GPU -> CPU resume"
+resume_rows+=("$(printf "%-18s GPU checkpoint continued on the CPU: steps 7-12 vs the GPU fp32 run, max rel %s" "gpu -> cpu" "$(maxrel "$out/ck.gpu2cpu" "$out/ck.train_pdncu_fp32.a")")")
 echo "10 training steps, pgdn-tiny (loss per step: CPU / GPU fp32 / GPU bf16):"
 paste <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdn/main.log") <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu_fp32/main.log") \
       <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu/main.log")
+echo "checkpoints and resume:"
+printf '%s\n' "${resume_rows[@]}"
 echo "debug-state comparison against the CPU reference:"
 printf '%s\n' "${rows[@]}"

@@ -1,0 +1,385 @@
+/*
+Kernel lab: the chunkwise delta rule (SPEC §3.7 and §4), forward and backward, exactly as train_pdn.cu runs it
+(delta_chunk_forward / delta_chunk_backward: strided-batched GEMMs + chunk_prep, scores, tri_inverse, state scan,
+bwd_finish kernels), for no decay (gk = 0), a scalar decay (gk = 1) and a channel decay (gk = K), with one key
+(k̃ = k̂, DN/GDN/KDA: dk̂ gets dk̃ folded in) and two keys (k̃ != k̂, PDN/PGDN/PKDA).
+
+Versions (they differ only in the sequential state scans; everything else is the trainer's code):
+  v1  SIMT scans: state_forward_kernel / state_backward_kernel (fp32 state in shared memory, fp32 FMA loops)
+  v2  tensor-core scans: state_forward_wmma_kernel / state_backward_wmma_kernel (bf16 WMMA 16x16x16, fp32 state):
+      what the bf16 trainer runs whenever scan_uses_wmma() allows it. Not compiled in the fp32 build.
+The trainer picks the scan inside delta_chunk_forward/backward with scan_uses_wmma(s); the lab forces v1 by making
+that test fail (scan_force_simt) and checks which path was taken.
+
+CPU reference: the per-token recurrence of SPEC §3.7 in double (S̄ = exp(g) S, u = beta (v - S̄ᵀ k̂),
+S = S̄ + k̃ uᵀ, o = Sᵀ q̂) and its backward by hand (the model is delta_token_backward_bh in train_pdn.c), from the
+inputs as the device sees them (already rounded to floatX).
+
+Validation: B=2, H=2, T=200 (the last chunk of 64 is partial: 8 tokens), K=V=64 and K=V=128, every decay, one
+and two keys; outputs o and gradients dq, dk, dkt, dv, dbeta, dg compared by relative L2 error.
+Tolerances. fp32 build: 1e-4 (fp32 throughout, no TF32; the chunk form and the token form agree to rounding).
+bf16 build: 2e-2. Every tensor the chunk algorithm stores between kernels (X, Y, Qg, Kd, P, Tinv, W, U, V', the
+chunk-start states, dP/dM, dW/dX/dY, dV', dstates) is rounded to bf16 (unit roundoff 2^-9 = 2e-3, rms relative
+error of one rounding ~1e-3), and a value passes through several such roundings. Calibration (a CPU emulation of
+exactly this pipeline, rounding to bf16 where the GPU stores bf16, against this file's reference, at these shapes
+and inputs, not committed): 2.4e-3 .. 5.0e-3 for every tensor, dg included, in both scan flavours; without
+rounding 1e-7 .. 7e-7. So 2e-2 leaves a margin of 4x over the expected bf16 error and 1e-4 over 100x over fp32
+rounding, while an indexing, masking or missing-term bug gives errors of order 1.
+
+Timing: the paper's Fig. 4 setting B=1, H=8, K=V=128, T = 2048 .. 16384, for dn, pdn, gdn, pgdn, kda, pkda;
+"fwd" = (diagonal preconditioner scan, for the p* variants) + delta_chunk_forward, "fwd+bwd" = fwd +
+delta_chunk_backward + (preconditioner backward). Median of repeats, L2 flushed before each.
+
+Build and run (from the repository root):
+  make -C dev/cuda delta_chunk delta_chunk_fp32
+  dev/cuda/delta_chunk            validate every version, then time them
+  dev/cuda/delta_chunk 2          only v2 (validation and timing)
+  dev/cuda/delta_chunk_fp32 --no-bench
+Exit code: 0 if every check passed, 1 if any failed.
+*/
+#define TESTING
+#include "../../train_pdn.cu"
+#include "common.h"
+
+#ifdef ENABLE_FP32
+#define NVERSIONS 1
+static const double TOL = 1e-4;
+#else
+#define NVERSIONS 2
+static const double TOL = 2e-2;
+#endif
+static const char* VERSION_NAME[3] = {"", "v1 SIMT scans", "v2 WMMA scans"};
+static const int CHUNK = 64; // the trainer's default --chunk
+static const float PC_X = 1.5f, PC_EPS = 1e-6f; // SPEC §3.6: squash x, eps
+
+// v1: make scan_uses_wmma() fail; v2: the device's real limit. Returns whether `s` then runs version v.
+static bool select_version(int v, const ChunkShape& s) {
+#ifdef ENABLE_FP32
+    (void)s;
+    return v == 1;
+#else
+    scan_force_simt = v == 1; // v1: the SIMT scans, v2: the tensor-core ones
+    bool w = scan_uses_wmma(s);
+    return v == 1 ? !w : w;
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
+// inputs (head-major padded rows, B*H*Tp; padded rows zero) as the device sees them
+
+struct DeltaHost {
+    int B, H, T, Tp, K, V, gk, gw;
+    std::vector<float> q, k, kt, v, dO, beta, g;
+};
+
+static DeltaHost make_inputs(int B, int H, int T, int K, int V, int gk, int two_keys, uint64_t seed) {
+    DeltaHost h;
+    h.B = B; h.H = H; h.T = T; h.Tp = (T + CHUNK - 1) / CHUNK * CHUNK; h.K = K; h.V = V; h.gk = gk; h.gw = gk ? gk : 1;
+    size_t rows = (size_t)B * H * h.Tp;
+    h.q.assign(rows * K, 0.0f); h.k.assign(rows * K, 0.0f); h.kt.assign(rows * K, 0.0f); h.v.assign(rows * V, 0.0f);
+    h.dO.assign(rows * V, 0.0f); h.beta.assign(rows, 0.0f); h.g.assign(rows * h.gw, 0.0f);
+    LabRng rng(seed);
+    std::vector<double> tmp(K);
+    double lnx = log((double)PC_X);
+    for (int bh = 0; bh < B * H; bh++) {
+        for (int t = 0; t < T; t++) {
+            size_t row = (size_t)bh * h.Tp + t;
+            // q̂ = q / |q| * K^-1/2 and k̂ = k / |k| (SPEC §3.3)
+            for (int pass = 0; pass < 2; pass++) {
+                double ss = 0.0;
+                for (int j = 0; j < K; j++) { tmp[j] = rng.normal(); ss += tmp[j] * tmp[j]; }
+                double sc = (pass == 0 ? 1.0 / sqrt((double)K) : 1.0) / sqrt(ss + 1e-6);
+                float* dst = pass == 0 ? &h.q[row * K] : &h.k[row * K];
+                for (int j = 0; j < K; j++) { dst[j] = lab_round((float)(tmp[j] * sc)); }
+            }
+            // k̃ = b ⊙ k̂ with b = exp(-ln(x) s), s in (-1, 1): b in (2/3, 3/2) as the preconditioner makes it
+            for (int j = 0; j < K; j++) {
+                double b = two_keys ? exp(-lnx * (2.0 * rng.uniform() - 1.0)) : 1.0;
+                h.kt[row * K + j] = two_keys ? lab_round((float)(b * h.k[row * K + j])) : h.k[row * K + j];
+            }
+            for (int c = 0; c < V; c++) { h.v[row * V + c] = lab_round((float)rng.normal()); }
+            for (int c = 0; c < V; c++) { h.dO[row * V + c] = lab_round((float)rng.normal()); }
+            h.beta[row] = (float)lab_sigmoid(rng.normal()); // in (0, 1)
+            // log decays -softplus(z), z ~ N(-2, 1.5): mostly in [-1, 0), median -0.13 (the model's -exp(A) sp(.))
+            for (int j = 0; j < (gk ? h.gw : 0); j++) { h.g[row * h.gw + j] = (float)-lab_softplus(-2.0 + 1.5 * rng.normal()); }
+        }
+    }
+    return h;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// CPU reference in double: the per-token recurrence and its backward. Outputs compact (bh, t) rows, t < T.
+
+struct DeltaRef { std::vector<double> o, dq, dk, dkt, dv, dbeta, dg; };
+
+static void delta_reference(const DeltaHost& h, DeltaRef& r) {
+    int K = h.K, V = h.V, T = h.T, gk = h.gk, gw = h.gw, BH = h.B * h.H;
+    size_t KV = (size_t)K * V;
+    r.o.assign((size_t)BH * T * V, 0.0); r.dv.assign((size_t)BH * T * V, 0.0);
+    r.dq.assign((size_t)BH * T * K, 0.0); r.dk.assign((size_t)BH * T * K, 0.0); r.dkt.assign((size_t)BH * T * K, 0.0);
+    r.dbeta.assign((size_t)BH * T, 0.0); r.dg.assign((size_t)BH * T * gw, 0.0);
+    std::vector<double> St((size_t)(T + 1) * KV), Sb(KV), dS(KV), u(V), rr(V), du(V), dr(V);
+    for (int bh = 0; bh < BH; bh++) {
+        std::fill(St.begin(), St.begin() + KV, 0.0);
+        for (int t = 0; t < T; t++) {
+            size_t row = (size_t)bh * h.Tp + t, cr = (size_t)bh * T + t;
+            const float *q = &h.q[row * K], *k = &h.k[row * K], *kt = &h.kt[row * K], *v = &h.v[row * V];
+            const double* Sp = &St[(size_t)t * KV];
+            double* S = &St[(size_t)(t + 1) * KV];
+            for (int j = 0; j < K; j++) {
+                double e = gk ? exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]) : 1.0;
+                for (int c = 0; c < V; c++) { S[j * V + c] = e * Sp[j * V + c]; }
+            }
+            std::fill(rr.begin(), rr.end(), 0.0);
+            for (int j = 0; j < K; j++) { for (int c = 0; c < V; c++) { rr[c] += S[j * V + c] * k[j]; } }
+            for (int c = 0; c < V; c++) { u[c] = h.beta[row] * (v[c] - rr[c]); }
+            for (int j = 0; j < K; j++) { for (int c = 0; c < V; c++) { S[j * V + c] += kt[j] * u[c]; } }
+            for (int c = 0; c < V; c++) {
+                double s = 0.0;
+                for (int j = 0; j < K; j++) { s += S[j * V + c] * q[j]; }
+                r.o[cr * V + c] = s;
+            }
+        }
+        std::fill(dS.begin(), dS.end(), 0.0);
+        for (int t = T - 1; t >= 0; t--) {
+            size_t row = (size_t)bh * h.Tp + t, cr = (size_t)bh * T + t;
+            const float *q = &h.q[row * K], *k = &h.k[row * K], *kt = &h.kt[row * K], *v = &h.v[row * V];
+            const float* dO = &h.dO[row * V];
+            const double* Sp = &St[(size_t)t * KV];
+            const double* S = &St[(size_t)(t + 1) * KV];
+            double b = h.beta[row];
+            for (int j = 0; j < K; j++) {
+                double e = gk ? exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]) : 1.0;
+                for (int c = 0; c < V; c++) { Sb[j * V + c] = e * Sp[j * V + c]; }
+            }
+            std::fill(rr.begin(), rr.end(), 0.0);
+            for (int j = 0; j < K; j++) { for (int c = 0; c < V; c++) { rr[c] += Sb[j * V + c] * k[j]; } }
+            for (int c = 0; c < V; c++) { u[c] = b * (v[c] - rr[c]); }
+            // o = Sᵀ q
+            for (int j = 0; j < K; j++) {
+                double s = 0.0;
+                for (int c = 0; c < V; c++) { s += S[j * V + c] * dO[c]; dS[j * V + c] += q[j] * dO[c]; }
+                r.dq[cr * K + j] = s;
+            }
+            // S = S̄ + k̃ uᵀ
+            std::fill(du.begin(), du.end(), 0.0);
+            for (int j = 0; j < K; j++) {
+                double s = 0.0;
+                for (int c = 0; c < V; c++) { s += dS[j * V + c] * u[c]; du[c] += dS[j * V + c] * kt[j]; }
+                r.dkt[cr * K + j] = s;
+            }
+            // u = beta (v - r), r = S̄ᵀ k̂
+            double db = 0.0;
+            for (int c = 0; c < V; c++) {
+                db += du[c] * (v[c] - rr[c]);
+                r.dv[cr * V + c] = b * du[c];
+                dr[c] = -b * du[c];
+            }
+            r.dbeta[cr] = db;
+            for (int j = 0; j < K; j++) {
+                double s = 0.0;
+                for (int c = 0; c < V; c++) { s += Sb[j * V + c] * dr[c]; dS[j * V + c] += k[j] * dr[c]; }
+                r.dk[cr * K + j] = s;
+            }
+            // S̄ = exp(g) S_prev: dg = Σ dS̄ ⊙ S̄ (per row for a channel decay), dS_prev = exp(g) dS̄
+            if (gk) {
+                for (int j = 0; j < K; j++) {
+                    double s = 0.0;
+                    for (int c = 0; c < V; c++) { s += dS[j * V + c] * Sb[j * V + c]; }
+                    r.dg[cr * gw + (gk == 1 ? 0 : j)] += s;
+                    double e = exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]);
+                    for (int c = 0; c < V; c++) { dS[j * V + c] *= e; }
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// device buffers: the mixer tensors of acts_alloc (MixerSaved, MixerScratch with grads), the inputs, the
+// gradients and the preconditioner's, for shape s (any shape with rows and nq no larger runs in them)
+
+struct DeltaDev {
+    Arena ar;
+    MixerSaved sv;
+    MixerScratch sc;
+    PrecondBufs pb;
+    floatX *q, *k, *kt, *v, *dO, *las;
+    float *beta, *g, *gp, *bp;
+    float *dq, *dk, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dlas;
+};
+
+static void delta_dev_alloc(DeltaDev& d, const ChunkShape& s, int precond) {
+    memset(&d.sv, 0, sizeof d.sv);
+    memset(&d.sc, 0, sizeof d.sc);
+    memset(&d.pb, 0, sizeof d.pb);
+    int K = s.K, V = s.V, C = s.C, gw = s.gk ? s.gk : 1, H = s.H;
+    long rows = s.nq * C;
+    Arena& ar = d.ar;
+    ar.add(&d.q, rows * K); ar.add(&d.k, rows * K); ar.add(&d.kt, rows * K); ar.add(&d.v, rows * V);
+    ar.add(&d.dO, rows * V); ar.add(&d.beta, rows); ar.add(&d.g, rows * gw);
+    ar.add(&d.dq, rows * K); ar.add(&d.dk, rows * K); ar.add(&d.dkt, rows * K); ar.add(&d.dv, rows * V);
+    ar.add(&d.dbeta, rows); ar.add(&d.dg, rows * gw);
+    mixer_saved_add(ar, &d.sv, s);             // the trainer's own buffer lists
+    mixer_scratch_add(ar, &d.sc, s, 1, 0);
+    if (precond) {
+        ar.add(&d.pb.loc, rows * K); ar.add(&d.pb.ca, s.nq * K); ar.add(&d.pb.cb, s.nq * K); ar.add(&d.pb.cc, s.nq);
+        ar.add(&d.pb.astat, rows * K); ar.add(&d.pb.gpc, rows);
+        ar.add(&d.gp, rows); ar.add(&d.bp, rows); ar.add(&d.las, H);
+        ar.add(&d.dgp, rows); ar.add(&d.dbp, rows); ar.add(&d.dlas, H);
+    }
+    ar.alloc();
+}
+
+static void delta_forward(DeltaDev& d, const ChunkShape& s, const floatX* kt, int precond) {
+    if (precond) { lab_precond_diag_forward(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS); }
+    delta_chunk_forward(&d.sv, &d.sc, d.q, d.k, kt, d.v, d.beta, s.gk ? d.g : nullptr, nullptr, nullptr, s);
+}
+// fold = one key (k̃ = k̂): dk gets dkt too, as the trainer does without a preconditioner
+static void delta_backward(DeltaDev& d, const ChunkShape& s, const floatX* kt, int fold, int precond) {
+    delta_chunk_backward(d.dq, d.dk, d.dkt, d.dv, d.dbeta, s.gk ? d.dg : nullptr, &d.sc, &d.sv, d.dO, d.q, d.k, kt, d.v,
+                         d.beta, fold, s);
+    if (precond) {
+        lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
+    }
+}
+
+// valid rows (t < T) of a head-major padded (BH, Tp, X) tensor, in the reference's compact order
+static std::vector<float> gather_rows(const std::vector<float>& hm, int BH, int T, int Tp, int X) {
+    std::vector<float> out((size_t)BH * T * X);
+    for (int bh = 0; bh < BH; bh++) {
+        for (int t = 0; t < T; t++) {
+            memcpy(&out[((size_t)bh * T + t) * X], &hm[((size_t)bh * Tp + t) * X], X * sizeof(float));
+        }
+    }
+    return out;
+}
+
+// ----------------------------------------------------------------------------------------------------
+// validation
+
+static const char* decay_name(int gk) { return gk == 0 ? "none" : gk == 1 ? "scalar" : "channel"; }
+
+static void validate_case(int version_sel, int K, int gk_kind, int two_keys, uint64_t seed) {
+    const int B = 2, H = 2, T = 200, V = K;
+    int gk = gk_kind == 2 ? K : gk_kind;
+    DeltaHost h = make_inputs(B, H, T, K, V, gk, two_keys, seed);
+    DeltaRef r;
+    delta_reference(h, r);
+    if (!two_keys) { for (size_t i = 0; i < r.dk.size(); i++) { r.dk[i] += r.dkt[i]; } } // the fold
+    int NC = h.Tp / CHUNK, BH = B * H;
+    ChunkShape s{B, H, T, h.Tp, CHUNK, NC, K, V, gk, (long)BH * NC};
+    DeltaDev d{};
+    delta_dev_alloc(d, s, 0);
+    size_t rows = (size_t)BH * h.Tp;
+    auto up_x = [](floatX* dst, const std::vector<float>& src) {
+        std::vector<floatX> x(src.size());
+        for (size_t i = 0; i < src.size(); i++) { x[i] = lab_f2x(src[i]); } // exact: src is already rounded
+        cudaCheck(cudaMemcpy(dst, x.data(), x.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    };
+    up_x(d.q, h.q); up_x(d.k, h.k); up_x(d.kt, h.kt); up_x(d.v, h.v); up_x(d.dO, h.dO);
+    cudaCheck(cudaMemcpy(d.beta, h.beta.data(), rows * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.g, h.g.data(), h.g.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const floatX* kt = two_keys ? d.kt : d.k;
+    for (int v = 1; v <= NVERSIONS; v++) {
+        if (version_sel && v != version_sel) { continue; }
+        char tag[96];
+        snprintf(tag, sizeof tag, "v%d decay=%-7s keys=%d K=V=%-3d", v, decay_name(gk), two_keys ? 2 : 1, K);
+        if (!select_version(v, s)) {
+            printf("FAIL %s: %s does not run at this shape (scan_uses_wmma() decided otherwise)\n", tag, VERSION_NAME[v]);
+            lab_checks++;
+            lab_failures++;
+            continue;
+        }
+        lab_poison(d.sv.O, rows * V * sizeof(float));
+        lab_poison(d.dq, rows * K * sizeof(float)); lab_poison(d.dk, rows * K * sizeof(float));
+        lab_poison(d.dkt, rows * K * sizeof(float)); lab_poison(d.dv, rows * V * sizeof(float));
+        lab_poison(d.dbeta, rows * sizeof(float)); lab_poison(d.dg, h.g.size() * sizeof(float));
+        delta_forward(d, s, kt, 0);
+        delta_backward(d, s, kt, !two_keys, 0);
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaDeviceSynchronize());
+        char what[160];
+        auto cmp = [&](const char* name, const float* dev, int X, const std::vector<double>& ref, double tol) {
+            std::vector<float> g = gather_rows(lab_download(dev, rows * X), BH, T, h.Tp, X);
+            snprintf(what, sizeof what, "%s %s", tag, name);
+            lab_check(what, rel_l2(g.data(), ref.data(), g.size()), tol);
+        };
+        cmp("o", d.sv.O, V, r.o, TOL);
+        cmp("dq", d.dq, K, r.dq, TOL);
+        cmp(two_keys ? "dk" : "dk (+dkt)", d.dk, K, r.dk, TOL);
+        cmp("dkt", d.dkt, K, r.dkt, TOL);
+        cmp("dv", d.dv, V, r.dv, TOL);
+        cmp("dbeta", d.dbeta, 1, r.dbeta, TOL);
+        if (gk) { cmp("dg", d.dg, h.gw, r.dg, TOL); }
+    }
+    d.ar.release();
+}
+
+// ----------------------------------------------------------------------------------------------------
+// timing: the paper's Fig. 4 shape
+
+static void bench(int version_sel) {
+    const int B = 1, H = 8, K = 128, V = 128, TMAX = 16384;
+    const int Ts[4] = {2048, 4096, 8192, 16384};
+    ChunkShape smax{B, H, TMAX, TMAX, CHUNK, TMAX / CHUNK, K, V, K, (long)B * H * (TMAX / CHUNK)};
+    DeltaDev d{};
+    delta_dev_alloc(d, smax, 1);
+    long rows = smax.nq * CHUNK;
+    lab_fill(d.q, rows * K, FILL_NORMAL, 0.0f, 1.0f, 11);
+    lab_l2norm_rows(d.q, rows, K, 1.0f / sqrtf((float)K));
+    lab_fill(d.k, rows * K, FILL_NORMAL, 0.0f, 1.0f, 12);
+    lab_l2norm_rows(d.k, rows, K, 1.0f);
+    lab_fill(d.v, rows * V, FILL_NORMAL, 0.0f, 1.0f, 13);
+    lab_fill(d.dO, rows * V, FILL_NORMAL, 0.0f, 1.0f, 14);
+    lab_fill(d.beta, rows, FILL_SIGMOID, 0.0f, 1.0f, 15);
+    lab_fill(d.g, rows * K, FILL_NEG_SOFTPLUS, -2.0f, 1.5f, 16);
+    lab_fill(d.gp, rows, FILL_NEG_SOFTPLUS, -2.0f, 1.5f, 17);
+    lab_fill(d.bp, rows, FILL_SIGMOID, 0.0f, 1.0f, 18);
+    lab_fill(d.las, H, FILL_UNIFORM, -0.4f, 0.0f, 19);
+    cudaCheck(cudaMemset(d.dlas, 0, H * sizeof(float)));
+    cudaCheck(cudaDeviceSynchronize());
+    struct Var { const char* name; int gk, precond; };
+    const Var vars[6] = {{"dn", 0, 0}, {"pdn", 0, 1}, {"gdn", 1, 0}, {"pgdn", 1, 1}, {"kda", K, 0}, {"pkda", K, 1}};
+    printf("\n=== timing: delta_chunk (%s), B=%d H=%d K=V=%d chunk %d; p*: + diagonal preconditioner scan ===\n",
+           PRECISION_NAME, B, H, K, CHUNK);
+    printf("%-14s %-6s %6s %10s %12s %14s\n", "version", "variant", "T", "fwd ms", "fwd+bwd ms", "fwd+bwd Mtok/s");
+    for (int v = 1; v <= NVERSIONS; v++) {
+        if (version_sel && v != version_sel) { continue; }
+        for (const Var& var : vars) {
+            for (int T : Ts) {
+                ChunkShape s{B, H, T, T, CHUNK, T / CHUNK, K, V, var.gk, (long)B * H * (T / CHUNK)};
+                if (!select_version(v, s)) { printf("%-14s %-6s %6d   (does not run at this shape)\n", VERSION_NAME[v], var.name, T); continue; }
+                const floatX* kt = var.precond ? d.kt : d.k;
+                auto fwd = [&] { delta_forward(d, s, kt, var.precond); };
+                auto fwdbwd = [&] { delta_forward(d, s, kt, var.precond); delta_backward(d, s, kt, !var.precond, var.precond); };
+                double tf = bench_ms(fwd), tfb = bench_ms(fwdbwd);
+                printf("%-14s %-6s %6d %10.3f %12.3f %14.2f\n", VERSION_NAME[v], var.name, T, tf, tfb, (double)B * T / tfb / 1e3);
+                fflush(stdout);
+            }
+        }
+    }
+    printf("\n");
+    d.ar.release();
+}
+
+#ifndef LAB_NO_MAIN
+int main(int argc, char** argv) {
+    LabArgs a = lab_args(argc, argv, NVERSIONS);
+    lab_setup();
+    double t0 = wall_seconds();
+    if (a.validate) {
+        printf("\n=== validation: delta_chunk (%s) vs the per-token recurrence in double; B=2 H=2 T=200 chunk %d ===\n",
+               PRECISION_NAME, CHUNK);
+        uint64_t seed = 1;
+        for (int K : {64, 128}) {
+            for (int gk_kind = 0; gk_kind < 3; gk_kind++) {
+                for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, K, gk_kind, two_keys, seed++); }
+            }
+        }
+        printf("validation took %.1f s\n", wall_seconds() - t0);
+    }
+    if (a.bench) { bench(a.version); }
+    return lab_finish("delta_chunk");
+}
+#endif

@@ -1,0 +1,315 @@
+/*
+Kernel lab: the diagonal preconditioner's statistic scan (SPEC §3.6, §4), forward and backward.
+  forward:  a_t = exp(gP_t) a_{t-1} + betaP_t k̂_t²  (per key channel, a_0 = 0, updated before use)
+            r = log(a_t + eps) - c, s = r / (1 + |r|), k̃ = exp(-ln(x) s) k̂        (x = 1.5, eps = 1e-6, c = log_atk_scale[h])
+  backward: from dk̃: dk̂ += (direct path and through a), dgP, dbetaP (per token), dlog_atk_scale (per head) +=
+Layout: head-major padded rows (B, H, Tp), as the trainer keeps them; padded rows have k̂ = 0, gP = 0, betaP = 0.
+
+Versions:
+  v1  one thread per channel, one block per (b, h), sequential over all Tp tokens (written here); the backward sums
+      dgP and dbetaP over the channels with a block reduction per token, dlog_atk_scale per (b, h) then over b
+      (the trainer's precond_dc_kernel with one "chunk" per sequence)
+  v2  the trainer's chunk-parallel three passes: precond_local_kernel (every chunk from zero), precond_carry_kernel
+      (chunk-start values across chunks), precond_fix_kernel (adds the carried part, forms k̃); backward
+      precond_local_bwd_kernel, precond_carry_bwd_kernel, precond_fix_bwd_kernel, precond_dc_kernel
+
+CPU reference: precond_diag_forward / precond_diag_backward of train_pdn.c, in double, from the inputs as the device
+sees them (k̂ and log_atk_scale rounded to floatX).
+Validation: B=2, H=3, T=200 (partial last chunk), K = 32, 64, 128; kt, astat, dk, dgP, dbetaP, dlog_atk_scale.
+Tolerances (relative L2): everything but k̃ is computed in fp32 from identical inputs, so 1e-4 in both builds
+(measured differences of this kind are 1e-6..1e-5); k̃ is stored as floatX: 1e-2 in bf16 (one rounding, rms
+relative error ~1e-3), 1e-4 in fp32.
+Timing: B=16 H=8 T=2048 K=128 (a 340m training micro-batch) and B=1 H=8 T=16384 K=128 (long context: few heads,
+so v1 has only 8 blocks).
+
+Build and run (from the repository root):
+  make -C dev/cuda precond_scan precond_scan_fp32
+  dev/cuda/precond_scan [1|2] [--no-bench]
+*/
+#define TESTING
+#include "../../train_pdn.cu"
+#include "common.h"
+
+#define NVERSIONS 2
+static const double TOL_F32 = 1e-4;
+#ifdef ENABLE_FP32
+static const double TOL_KT = 1e-4;
+#else
+static const double TOL_KT = 1e-2;
+#endif
+static const char* VERSION_NAME[3] = {"", "v1 sequential", "v2 chunked"};
+static const int CHUNK = 64;
+static const float PC_X = 1.5f, PC_EPS = 1e-6f;
+
+// ----------------------------------------------------------------------------------------------------
+// v1: one thread per channel, sequential over the whole sequence
+
+__global__ void precond_forward_seq_kernel(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
+                                           const floatX* log_atk_scale, int H, int Tp, int K, float lnx, float eps) {
+    int bh = blockIdx.x, j = threadIdx.x;
+    if (j >= K) { return; }
+    float a = 0.0f, c = tof(log_atk_scale[bh % H]);
+    for (int t = 0; t < Tp; t++) {
+        long row = (long)bh * Tp + t;
+        float kj = tof(k[row * K + j]);
+        a = expf(gp[row]) * a + bp[row] * kj * kj;
+        float r = logf(a + eps) - c;
+        float s = r / (1.0f + fabsf(r));
+        astat[row * K + j] = a;
+        kt[row * K + j] = fromf<floatX>(expf(-lnx * s) * kj);
+    }
+}
+
+// blockDim.x: K rounded up to a multiple of 32 (block_sum). dk +=; dgp, dbp =; dcs[bh] = Σ -dr (then precond_dc_kernel)
+__global__ void precond_backward_seq_kernel(float* dk, float* dgp, float* dbp, float* dcs_out, const float* dkt, const floatX* k,
+                                            const float* gp, const float* bp, const float* astat, const floatX* log_atk_scale,
+                                            int H, int Tp, int K, float lnx, float eps) {
+    int bh = blockIdx.x, j = threadIdx.x;
+    bool on = j < K;
+    float abar = 0.0f, dcs = 0.0f, c = tof(log_atk_scale[bh % H]);
+    for (int t = Tp - 1; t >= 0; t--) {
+        long row = (long)bh * Tp + t;
+        float sg = 0.0f, sb = 0.0f;
+        if (on) {
+            long i = row * K + j;
+            float kj = tof(k[i]), a = astat[i], g = dkt[i];
+            float r = logf(a + eps) - c;
+            float s = r / (1.0f + fabsf(r));
+            float m = expf(-lnx * s);
+            float dr = g * kj * -lnx * m / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
+            dcs -= dr;
+            abar += dr / (a + eps);
+            float decay = expf(gp[row]), aprev = t > 0 ? astat[i - K] : 0.0f;
+            sg = abar * aprev * decay;
+            sb = abar * kj * kj;
+            dk[i] += g * m + 2.0f * bp[row] * kj * abar;
+            abar *= decay;
+        }
+        sg = block_sum(sg);
+        sb = block_sum(sb);
+        if (threadIdx.x == 0) { dgp[row] = sg; dbp[row] = sb; }
+    }
+    float tot = block_sum(on ? dcs : 0.0f);
+    if (threadIdx.x == 0) { dcs_out[bh] = tot; }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// buffers and the two versions' launch sequences
+
+struct PcDev {
+    ChunkShape s;
+    Arena ar;
+    PrecondBufs pb;
+    floatX *k, *kt, *las;
+    float *gp, *bp, *dkt, *dk, *dgp, *dbp, *dlas, *dcs;
+};
+
+static void pc_alloc(PcDev& d, const ChunkShape& s) {
+    memset(&d.pb, 0, sizeof d.pb);
+    d.s = s;
+    long rows = s.nq * s.C, nq = s.nq;
+    int K = s.K;
+    Arena& ar = d.ar;
+    ar.add(&d.k, rows * K); ar.add(&d.kt, rows * K); ar.add(&d.las, s.H);
+    ar.add(&d.gp, rows); ar.add(&d.bp, rows); ar.add(&d.dkt, rows * K); ar.add(&d.dk, rows * K);
+    ar.add(&d.dgp, rows); ar.add(&d.dbp, rows); ar.add(&d.dlas, s.H); ar.add(&d.dcs, (long)s.B * s.H);
+    ar.add(&d.pb.loc, rows * K); ar.add(&d.pb.ca, nq * K); ar.add(&d.pb.cb, nq * K); ar.add(&d.pb.cc, nq);
+    ar.add(&d.pb.astat, rows * K); ar.add(&d.pb.gpc, rows);
+    ar.alloc();
+}
+
+static void pc_forward(PcDev& d, int v) {
+    const ChunkShape& s = d.s;
+    if (v == 1) {
+        precond_forward_seq_kernel<<<s.B * s.H, s.K, 0, main_stream>>>(d.kt, d.pb.astat, d.k, d.gp, d.bp, d.las, s.H, s.Tp,
+                                                                       s.K, logf(PC_X), PC_EPS);
+        cudaCheck(cudaGetLastError());
+    } else {
+        lab_precond_diag_forward(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
+    }
+}
+static void pc_backward(PcDev& d, int v) {
+    const ChunkShape& s = d.s;
+    if (v == 1) {
+        int kthreads = std::max(32, (s.K + 31) / 32 * 32);
+        precond_backward_seq_kernel<<<s.B * s.H, kthreads, 0, main_stream>>>(d.dk, d.dgp, d.dbp, d.dcs, d.dkt, d.k, d.gp, d.bp,
+                                                                             d.pb.astat, d.las, s.H, s.Tp, s.K, logf(PC_X), PC_EPS);
+        precond_dc_kernel<<<1, 32 * cdiv(s.H, 32), 0, main_stream>>>(d.dlas, d.dcs, s.B, s.H, 1);
+        cudaCheck(cudaGetLastError());
+    } else {
+        lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// CPU reference (double), compact rows (bh, t < T)
+
+struct PcHost {
+    int B, H, T, Tp, K;
+    std::vector<float> k, gp, bp, las, dkt; // hm padded rows (las: H)
+};
+struct PcRef { std::vector<double> kt, astat, dk, dgp, dbp, dlas; };
+
+static void pc_reference(const PcHost& h, PcRef& r) {
+    int K = h.K, T = h.T, BH = h.B * h.H;
+    double lnx = log((double)PC_X), eps = PC_EPS;
+    r.kt.assign((size_t)BH * T * K, 0.0); r.astat.assign((size_t)BH * T * K, 0.0); r.dk.assign((size_t)BH * T * K, 0.0);
+    r.dgp.assign((size_t)BH * T, 0.0); r.dbp.assign((size_t)BH * T, 0.0); r.dlas.assign(h.H, 0.0);
+    std::vector<double> dc(BH, 0.0);
+    for (int bh = 0; bh < BH; bh++) {
+        double c = h.las[bh % h.H];
+        for (int j = 0; j < K; j++) {
+            double a = 0.0;
+            for (int t = 0; t < T; t++) {
+                size_t row = (size_t)bh * h.Tp + t, cr = (size_t)bh * T + t;
+                double kj = h.k[row * K + j];
+                a = exp((double)h.gp[row]) * a + (double)h.bp[row] * kj * kj;
+                double rr = log(a + eps) - c, s = rr / (1.0 + fabs(rr));
+                r.astat[cr * K + j] = a;
+                r.kt[cr * K + j] = exp(-lnx * s) * kj;
+            }
+        }
+        std::vector<double> abar(K, 0.0);
+        double dcs = 0.0;
+        for (int t = T - 1; t >= 0; t--) {
+            size_t row = (size_t)bh * h.Tp + t, cr = (size_t)bh * T + t;
+            double decay = exp((double)h.gp[row]), bp = h.bp[row], dg = 0.0, db = 0.0;
+            for (int j = 0; j < K; j++) {
+                double kj = h.k[row * K + j], a = r.astat[cr * K + j];
+                double rr = log(a + eps) - c, s = rr / (1.0 + fabs(rr)), m = exp(-lnx * s), g = h.dkt[row * K + j];
+                r.dk[cr * K + j] += g * m;
+                double dr = g * kj * -lnx * m / ((1.0 + fabs(rr)) * (1.0 + fabs(rr)));
+                dcs -= dr;
+                abar[j] += dr / (a + eps);
+                double aprev = t > 0 ? r.astat[(cr - 1) * K + j] : 0.0;
+                dg += abar[j] * aprev * decay;
+                db += abar[j] * kj * kj;
+                r.dk[cr * K + j] += 2.0 * bp * kj * abar[j];
+                abar[j] *= decay;
+            }
+            r.dgp[cr] = dg;
+            r.dbp[cr] = db;
+        }
+        dc[bh] = dcs;
+    }
+    for (int bh = 0; bh < BH; bh++) { r.dlas[bh % h.H] += dc[bh]; }
+}
+
+static std::vector<float> gather_rows(const std::vector<float>& hm, int BH, int T, int Tp, int X) {
+    std::vector<float> out((size_t)BH * T * X);
+    for (int bh = 0; bh < BH; bh++) {
+        for (int t = 0; t < T; t++) { memcpy(&out[((size_t)bh * T + t) * X], &hm[((size_t)bh * Tp + t) * X], X * sizeof(float)); }
+    }
+    return out;
+}
+
+static void validate_case(int version_sel, int K, uint64_t seed) {
+    const int B = 2, H = 3, T = 200;
+    PcHost h;
+    h.B = B; h.H = H; h.T = T; h.Tp = (T + CHUNK - 1) / CHUNK * CHUNK; h.K = K;
+    int BH = B * H, NC = h.Tp / CHUNK;
+    size_t rows = (size_t)BH * h.Tp;
+    h.k.assign(rows * K, 0.0f); h.dkt.assign(rows * K, 0.0f); h.gp.assign(rows, 0.0f); h.bp.assign(rows, 0.0f); h.las.assign(H, 0.0f);
+    LabRng rng(seed);
+    for (int i = 0; i < H; i++) { h.las[i] = lab_round((float)(-0.2 + 0.6 * (rng.uniform() - 0.5))); } // init -0.2, learned
+    std::vector<double> tmp(K);
+    for (int bh = 0; bh < BH; bh++) {
+        for (int t = 0; t < T; t++) {
+            size_t row = (size_t)bh * h.Tp + t;
+            double ss = 0.0;
+            for (int j = 0; j < K; j++) { tmp[j] = rng.normal(); ss += tmp[j] * tmp[j]; }
+            for (int j = 0; j < K; j++) { h.k[row * K + j] = lab_round((float)(tmp[j] / sqrt(ss + 1e-6))); }
+            for (int j = 0; j < K; j++) { h.dkt[row * K + j] = (float)rng.normal(); }
+            h.gp[row] = (float)-lab_softplus(-2.0 + 1.5 * rng.normal());
+            h.bp[row] = (float)lab_sigmoid(rng.normal());
+        }
+    }
+    PcRef r;
+    pc_reference(h, r);
+    ChunkShape s{B, H, T, h.Tp, CHUNK, NC, K, K, 0, (long)BH * NC};
+    PcDev d{};
+    pc_alloc(d, s);
+    std::vector<floatX> kx(rows * K), lx(H);
+    for (size_t i = 0; i < kx.size(); i++) { kx[i] = lab_f2x(h.k[i]); }
+    for (int i = 0; i < H; i++) { lx[i] = lab_f2x(h.las[i]); }
+    cudaCheck(cudaMemcpy(d.k, kx.data(), kx.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.las, lx.data(), lx.size() * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.gp, h.gp.data(), rows * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.bp, h.bp.data(), rows * sizeof(float), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.dkt, h.dkt.data(), rows * K * sizeof(float), cudaMemcpyHostToDevice));
+    for (int v = 1; v <= NVERSIONS; v++) {
+        if (version_sel && v != version_sel) { continue; }
+        lab_poison(d.kt, rows * K * sizeof(floatX)); lab_poison(d.pb.astat, rows * K * sizeof(float));
+        lab_poison(d.dgp, rows * sizeof(float)); lab_poison(d.dbp, rows * sizeof(float));
+        cudaCheck(cudaMemset(d.dk, 0, rows * K * sizeof(float)));  // accumulated into (+=), as in the trainer
+        cudaCheck(cudaMemset(d.dlas, 0, H * sizeof(float)));
+        pc_forward(d, v);
+        pc_backward(d, v);
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaDeviceSynchronize());
+        char tag[64], what[128];
+        snprintf(tag, sizeof tag, "v%d K=%-3d", v, K);
+        auto cmp = [&](const char* name, const std::vector<float>& hm, int X, const std::vector<double>& ref, double tol) {
+            std::vector<float> g = gather_rows(hm, BH, T, h.Tp, X);
+            snprintf(what, sizeof what, "%s %s", tag, name);
+            lab_check(what, rel_l2(g.data(), ref.data(), g.size()), tol);
+        };
+        cmp("kt", lab_download_x(d.kt, rows * K), K, r.kt, TOL_KT);
+        cmp("astat", lab_download(d.pb.astat, rows * K), K, r.astat, TOL_F32);
+        cmp("dk", lab_download(d.dk, rows * K), K, r.dk, TOL_F32);
+        cmp("dgp", lab_download(d.dgp, rows), 1, r.dgp, TOL_F32);
+        cmp("dbetap", lab_download(d.dbp, rows), 1, r.dbp, TOL_F32);
+        std::vector<float> dl = lab_download(d.dlas, H);
+        snprintf(what, sizeof what, "%s dlog_atk_scale", tag);
+        lab_check(what, rel_l2(dl.data(), r.dlas.data(), H), TOL_F32);
+    }
+    d.ar.release();
+}
+
+static void bench(int version_sel) {
+    struct Shape { int B, H, T, K; };
+    const Shape shapes[2] = {{16, 8, 2048, 128}, {1, 8, 16384, 128}};
+    printf("\n=== timing: precond_scan (%s); GB/s counts the minimal traffic (fwd: k in, astat + kt out; "
+           "bwd: dkt, k, astat in, dk in+out) ===\n", PRECISION_NAME);
+    printf("%-14s %3s %2s %6s %4s %10s %8s %10s %8s\n", "version", "B", "H", "T", "K", "fwd ms", "GB/s", "bwd ms", "GB/s");
+    for (const Shape& sh : shapes) {
+        int NC = sh.T / CHUNK;
+        ChunkShape s{sh.B, sh.H, sh.T, sh.T, CHUNK, NC, sh.K, sh.K, 0, (long)sh.B * sh.H * NC};
+        PcDev d{};
+        pc_alloc(d, s);
+        long rows = s.nq * CHUNK, n = rows * sh.K;
+        lab_fill(d.k, n, FILL_NORMAL, 0.0f, 1.0f, 21);
+        lab_l2norm_rows(d.k, rows, sh.K, 1.0f);
+        lab_fill(d.dkt, n, FILL_NORMAL, 0.0f, 1.0f, 22);
+        lab_fill(d.gp, rows, FILL_NEG_SOFTPLUS, -2.0f, 1.5f, 23);
+        lab_fill(d.bp, rows, FILL_SIGMOID, 0.0f, 1.0f, 24);
+        lab_fill(d.las, sh.H, FILL_UNIFORM, -0.4f, 0.0f, 25);
+        double fbytes = (double)n * (sizeof(floatX) * 2 + 4), bbytes = (double)n * (4 + sizeof(floatX) + 4 + 8);
+        for (int v = 1; v <= NVERSIONS; v++) {
+            if (version_sel && v != version_sel) { continue; }
+            double tf = bench_ms([&] { pc_forward(d, v); });
+            pc_forward(d, v); // astat for the backward
+            double tb = bench_ms([&] { pc_backward(d, v); });
+            printf("%-14s %3d %2d %6d %4d %10.3f %8.0f %10.3f %8.0f\n", VERSION_NAME[v], sh.B, sh.H, sh.T, sh.K, tf,
+                   fbytes / tf / 1e6, tb, bbytes / tb / 1e6);
+            fflush(stdout);
+        }
+        d.ar.release();
+    }
+    printf("\n");
+}
+
+#ifndef LAB_NO_MAIN
+int main(int argc, char** argv) {
+    LabArgs a = lab_args(argc, argv, NVERSIONS);
+    lab_setup();
+    if (a.validate) {
+        printf("\n=== validation: precond_scan (%s) vs the CPU reference in double; B=2 H=3 T=200 chunk %d ===\n",
+               PRECISION_NAME, CHUNK);
+        uint64_t seed = 100;
+        for (int K : {32, 64, 128}) { validate_case(a.version, K, seed++); }
+    }
+    if (a.bench) { bench(a.version); }
+    return lab_finish("precond_scan");
+}
+#endif
