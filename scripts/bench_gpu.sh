@@ -3,7 +3,7 @@
 # variant at its 340m preset with micro-batch 16 x 2048 tokens (one micro-batch per optimizer step; the first step
 # is not timed), then where the time goes for PGDN (PDN_PROFILE=1), then the mixer kernels alone from the kernel lab
 # (dev/cuda/delta_chunk: B = 1, H = 8, K = V = 128, T = 2048 ... 16384). Prints tables; run on an NVIDIA GPU.
-# Usage: scripts/bench_gpu.sh [steps]
+# Usage: scripts/bench_gpu.sh [steps]     (SKIP_LAB=1: without the kernel-lab table)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}
@@ -19,7 +19,7 @@ for v in dn pdn gdn pgdn kda pkda; do
 done
 echo "== where the time goes, pgdn-340m, 16 x 2048 tokens per step =="
 PDN_PROFILE=1 ./train_pdncu --preset pgdn-340m -b 16 -t 2048 -d 32768 -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
-if [ -f dev/cuda/Makefile ]; then
+if [ -f dev/cuda/Makefile ] && [ -z "${SKIP_LAB:-}" ]; then
     echo "== mixer kernels alone (dev/cuda/delta_chunk) =="
     make -s -C dev/cuda delta_chunk > /dev/null && (cd dev/cuda && ./delta_chunk 2>&1 | tail -30)
 fi
