@@ -911,6 +911,19 @@ static void print_tokens(FILE* f, const Tokenizer* tok, const int* ids, int n) {
     bytebuf_free(&bb);
 }
 
+// The start of both trainers' main(): the model's source (-y / -e / flags), the tokenizer, the data source (which
+// fills a vocabulary the preset left at 0), then the config check. Returns the tokenizer or NULL.
+static Tokenizer* run_setup(TrainConfig* tc, PdnConfig* mc, real** loaded, uint32_t* crc, char* resume_state, size_t n,
+                            Tokenizer* tok_mem, DataSource* ds) {
+    load_model_source(tc, mc, loaded, crc, resume_state, n);
+    Tokenizer* tok = load_tokenizer_flag(tc, tok_mem);
+    memset(ds, 0, sizeof(*ds));
+    if (!tc->generate) { data_init(ds, tc, tok ? tok->vocab_size : 0, &mc->vocab_size, 0, 1); }
+    const char* err = pdn_config_check(mc);
+    if (err) { fail(EXIT_USAGE, "%s", err); }
+    return tok;
+}
+
 // the evaluation line and its log twin; *final_val keeps the last text val loss (for the closing line)
 static void report_eval(Logger* lg, const DataSource* ds, long step, double vl, double va, long nb, int B, long N, double* final_val) {
     if (ds->kind == DATA_MQAR) {

@@ -1568,14 +1568,9 @@ int main(int argc, char** argv) {
     real* loaded = NULL;
     uint32_t loaded_crc = 0;
     char resume_state[1100];
-    load_model_source(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state);
     Tokenizer tok_mem;
-    Tokenizer* tok = load_tokenizer_flag(&tc, &tok_mem);
     DataSource ds;
-    memset(&ds, 0, sizeof ds);
-    if (!tc.generate) { data_init(&ds, &tc, tok ? tok->vocab_size : 0, &mc.vocab_size, 0, 1); }
-    const char* err = pdn_config_check(&mc);
-    if (err) { fail(EXIT_USAGE, "%s", err); }
+    Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds);
     if (tc.count_params) { print_param_table(&mc); return 0; }
     model_init(&m, &mc, tc.chunk, tc.chunk_form);
     if (loaded) { memcpy(m.params, loaded, m.lay.num_elems * sizeof(real)); free(loaded); }

@@ -81,39 +81,25 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) { v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o)); }
     return v;
 }
-// sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result
-__device__ float block_sum(float v) {
+// sum (or max) over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result
+template <bool MAX> __device__ float block_reduce(float v) {
     __shared__ float sh[32];
     __shared__ float total;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    v = warp_sum(v);
+    v = MAX ? warp_max(v) : warp_sum(v);
     __syncthreads();
     if (lane == 0) { sh[warp] = v; }
     __syncthreads();
     if (warp == 0) {
-        float s = lane < nw ? sh[lane] : 0.0f;
-        s = warp_sum(s);
+        float s = lane < nw ? sh[lane] : (MAX ? -INFINITY : 0.0f);
+        s = MAX ? warp_max(s) : warp_sum(s);
         if (lane == 0) { total = s; }
     }
     __syncthreads();
     return total;
 }
-__device__ float block_max(float v) {
-    __shared__ float sh[32];
-    __shared__ float total;
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) { sh[warp] = v; }
-    __syncthreads();
-    if (warp == 0) {
-        float s = lane < nw ? sh[lane] : -INFINITY;
-        s = warp_max(s);
-        if (lane == 0) { total = s; }
-    }
-    __syncthreads();
-    return total;
-}
+__device__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ float block_max(float v) { return block_reduce<true>(v); }
 
 // stochastic rounding to bf16 (SquirrelNoise5-style hash of position and seed); identity in the FP32 build
 __device__ __forceinline__ unsigned int squirrel(unsigned int pos, unsigned int seed) {
@@ -1039,6 +1025,20 @@ static void precond_diag_backward(float* dk, float* dgp, float* dbp, float* dlas
     cudaCheck(cudaGetLastError());
 }
 
+// one Sherman-Morrison step's key, by the whole block: kv = k̂ (row), w = P k̂, returns den = 1 + k̂·w
+__device__ float exact_key(const float* P, const floatX* krow, float* kv, float* w, int K) {
+    for (int a = threadIdx.x; a < K; a += blockDim.x) { kv[a] = tof(krow[a]); }
+    __syncthreads();
+    float part = 0.0f;
+    for (int a = threadIdx.x; a < K; a += blockDim.x) {
+        float s = 0.0f;
+        for (int c = 0; c < K; c++) { s += P[a * K + c] * kv[c]; }
+        w[a] = s;
+        part += kv[a] * s;
+    }
+    return 1.0f + block_sum(part); // block_sum synchronises: w and kv are complete after it
+}
+
 // 3b. exact preconditioner (SPEC §5): one block per (b, h), P (K x K fp32) in shared memory, sequential over tokens.
 // Per token: w = P k, den = 1 + k·w, k̃ = w / den, P -= k̃ wᵀ. P at every chunk start goes to pstate (for the
 // backward); P0 / P_final (B,H,K,K) optional.
@@ -1055,16 +1055,7 @@ __global__ void precond_exact_forward_kernel(floatX* kt, float* pstate, const fl
     for (int t = 0; t < T; t++) {
         long row = (long)bh * Tp + t;
         if (t % C == 0) { for (long e = threadIdx.x; e < KK; e += blockDim.x) { pstate[((long)bh * (NC + 1) + t / C) * KK + e] = P[e]; } }
-        for (int a = threadIdx.x; a < K; a += blockDim.x) { kv[a] = tof(k[row * K + a]); }
-        __syncthreads();
-        float part = 0.0f;
-        for (int a = threadIdx.x; a < K; a += blockDim.x) {
-            float s = 0.0f;
-            for (int c = 0; c < K; c++) { s += P[a * K + c] * kv[c]; }
-            w[a] = s;
-            part += kv[a] * s;
-        }
-        float den = 1.0f + block_sum(part);
+        float den = exact_key(P, k + row * K, kv, w, K);
         for (int a = threadIdx.x; a < K; a += blockDim.x) { kt[row * K + a] = fromf<floatX>(w[a] / den); }
         for (long e = threadIdx.x; e < KK; e += blockDim.x) { P[e] -= (w[e / K] / den) * w[e % K]; }
         __syncthreads();
@@ -1100,32 +1091,14 @@ __global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const floa
         for (int i = 0; i < n; i++) { // forward over the chunk: Pb[i+1] = step(Pb[i])
             long row = (long)bh * Tp + t0 + i;
             const float* P = Pb + i * KK;
-            for (int a = threadIdx.x; a < K; a += blockDim.x) { kv[a] = tof(k[row * K + a]); }
-            __syncthreads();
-            float part = 0.0f;
-            for (int a = threadIdx.x; a < K; a += blockDim.x) {
-                float s = 0.0f;
-                for (int c = 0; c < K; c++) { s += P[a * K + c] * kv[c]; }
-                w[a] = s;
-                part += kv[a] * s;
-            }
-            float den = 1.0f + block_sum(part);
+            float den = exact_key(P, k + row * K, kv, w, K);
             for (long e = threadIdx.x; e < KK; e += blockDim.x) { Pb[(i + 1) * KK + e] = P[e] - (w[e / K] / den) * w[e % K]; }
             __syncthreads();
         }
         for (int i = n - 1; i >= 0; i--) {
             long row = (long)bh * Tp + t0 + i;
             const float* P = Pb + i * KK; // P_{t-1}
-            for (int a = threadIdx.x; a < K; a += blockDim.x) { kv[a] = tof(k[row * K + a]); }
-            __syncthreads();
-            float part = 0.0f;
-            for (int a = threadIdx.x; a < K; a += blockDim.x) {
-                float s = 0.0f;
-                for (int c = 0; c < K; c++) { s += P[a * K + c] * kv[c]; }
-                w[a] = s;
-                part += kv[a] * s;
-            }
-            float den = 1.0f + block_sum(part);
+            float den = exact_key(P, k + row * K, kv, w, K);
             for (int a = threadIdx.x; a < K; a += blockDim.x) { kt[a] = w[a] / den; }
             __syncthreads();
             // P_t = P - kt wᵀ: dkt -= dP w; dw = -dPᵀ kt
@@ -2637,14 +2610,9 @@ int main(int argc, char** argv) {
     real* loaded = nullptr;
     uint32_t loaded_crc = 0;
     char resume_state[1100];
-    load_model_source(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state);
     Tokenizer tok_mem;
-    Tokenizer* tok = load_tokenizer_flag(&tc, &tok_mem);
     DataSource ds;
-    memset(&ds, 0, sizeof ds);
-    if (!tc.generate) { data_init(&ds, &tc, tok ? tok->vocab_size : 0, &mc.vocab_size, 0, 1); }
-    const char* err = pdn_config_check(&mc);
-    if (err) { fail(EXIT_USAGE, "%s", err); }
+    Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds);
     if (tc.count_params) { print_param_table(&mc); return 0; }
     if (mc.precond == PRECOND_EXACT && mc.head_k > 128) { fail(EXIT_USAGE, "the exact preconditioner on the GPU needs --head-dim <= 128"); }
     if (mc.conv_size > CONV_CS_MAX) { fail(EXIT_USAGE, "--conv-size must be <= %d on the GPU", CONV_CS_MAX); }
