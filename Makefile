@@ -18,7 +18,7 @@ else
   $(info OpenMP: no (single-threaded; install libgomp or use a compiler with -fopenmp))
 endif
 
-HEADERS = utils.h pdn.h mqar.h train_common.h $(DATA_HEADERS)
+HEADERS = utils.h pdn.h mqar.h train_common.h dist.h $(DATA_HEADERS)
 
 # the Python-free data path: tokenizer, token shards, data loader (header-only) and the dev/data tools
 DATA_HEADERS = tokenizer.h unicode_tables.h shard.h dataloader.h
@@ -33,6 +33,36 @@ NVLDLIBS = -lcublas -lcublasLt
 PRECISION ?= BF16
 ifeq ($(PRECISION),FP32)
   PRECISION_FLAG = -DENABLE_FP32
+endif
+
+# Several GPUs: NCCL is needed, MPI is optional (mpirun launches; the TCP and file rendezvous work without it). Each is
+# used only if a test program really compiles and links with it (NO_NCCL=1 / NO_MPI=1 turn them off; MPI_CFLAGS and
+# MPI_LDLIBS override what mpicc reports). Without NCCL the trainer is single-GPU and says so.
+ifneq ($(NVCC),)
+  CUDA_HOME ?= $(abspath $(dir $(NVCC))..)
+  ifneq ($(NO_NCCL),1)
+    NCCL_OK := $(shell printf '#include <nccl.h>\nint main(void){int v; return ncclGetVersion(&v) != 0;}\n' | \
+                 $(CC) -x c - -I$(CUDA_HOME)/include -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lnccl -o /dev/null 2>/dev/null && echo yes)
+  endif
+  MPI_CFLAGS ?= $(shell mpicc --showme:compile 2>/dev/null)
+  MPI_LDLIBS ?= $(shell mpicc --showme:link 2>/dev/null)
+  ifneq ($(NO_MPI),1)
+    MPI_OK := $(shell printf '#include <mpi.h>\nint main(void){int f; return MPI_Initialized(&f);}\n' | \
+                $(CC) -x c - $(MPI_CFLAGS) $(MPI_LDLIBS) -o /dev/null 2>/dev/null && echo yes)
+  endif
+  ifeq ($(NCCL_OK),yes)
+    DIST_FLAGS = -DENABLE_NCCL
+    DIST_LIBS = -lnccl
+    ifeq ($(MPI_OK),yes)
+      DIST_FLAGS += -DENABLE_MPI -DOMPI_SKIP_MPICXX $(MPI_CFLAGS)
+      DIST_LIBS += $(MPI_LDLIBS)
+      DIST_MSG = multi-GPU: NCCL + MPI (mpirun, TCP or file rendezvous)
+    else
+      DIST_MSG = multi-GPU: NCCL without MPI (TCP or file rendezvous; install an MPI dev package, e.g. libopenmpi-dev, for mpirun)
+    endif
+  else
+    DIST_MSG = multi-GPU: no (NCCL not found: the CUDA trainer is single-GPU)
+  endif
 endif
 
 .PHONY: all test clean cuda
@@ -60,13 +90,15 @@ train_pdncu: train_pdn.cu $(HEADERS)
 ifeq ($(NVCC),)
 	$(error nvcc not found: install the CUDA toolkit (or set NVCC=/path/to/nvcc) to build the GPU trainer)
 endif
-	$(NVCC) $(NVCCFLAGS) $(PRECISION_FLAG) $< $(NVLDLIBS) -o $@
+	@echo "$(DIST_MSG)"
+	$(NVCC) $(NVCCFLAGS) $(PRECISION_FLAG) $(DIST_FLAGS) $< $(NVLDLIBS) $(DIST_LIBS) -o $@
 
 train_pdncu_fp32: train_pdn.cu $(HEADERS)
 ifeq ($(NVCC),)
 	$(error nvcc not found: install the CUDA toolkit (or set NVCC=/path/to/nvcc) to build the GPU trainer)
 endif
-	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $< $(NVLDLIBS) -o $@
+	@echo "$(DIST_MSG)"
+	$(NVCC) $(NVCCFLAGS) -DENABLE_FP32 $(DIST_FLAGS) $< $(NVLDLIBS) $(DIST_LIBS) -o $@
 
 cuda: train_pdncu train_pdncu_fp32
 

@@ -11,6 +11,7 @@ Tolerances are stated next to each check with the reason.
 */
 #define TESTING
 #include "train_pdn.c"
+#include "dist.h"
 #include <sys/wait.h>
 
 static int n_checks = 0, n_fail = 0;
@@ -616,6 +617,46 @@ static void test_checkpoints_and_resume(void) {
     snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny -b 2 -t 32 --mqar-pairs 4 -x 12 -o %s/c -y 1", base);
     int rc = run_cmd(cmd, outbuf, sizeof outbuf);
     CHECK(rc == EXIT_USAGE && strstr(outbuf, "same batch settings"), "resume with another -b: rc %d, output:\n%s", rc, outbuf);
+    // the number of processes may change on resume when every step takes the same micro-batches: A's step-6 state as
+    // a 2-process run with one micro-batch each writes it (nproc 2, grad_accum 1) resumes here on 1 process with 2
+    // accumulation steps and reproduces A; 2 processes x 2 accumulation steps (another batch per step) is refused
+    {
+        snprintf(pa, sizeof pa, "%s/a/model_00000006.bin", base);
+        PdnConfig c6;
+        PdnLayout lay6;
+        real* p6;
+        pdn_checkpoint_read(pa, &c6, &lay6, &p6, NULL);
+        size_t ne = lay6.num_elems;
+        float* m6 = (float*)mallocCheck(ne * sizeof(float));
+        float* v6 = (float*)mallocCheck(ne * sizeof(float));
+        TrainState st6;
+        snprintf(pa, sizeof pa, "%s/a/state_00000006.bin", base);
+        state_read(pa, &st6, m6, v6, ne, "f32");
+        for (int variant = 0; variant < 2; variant++) {
+            snprintf(cmd, sizeof cmd, "rm -rf %s/n && mkdir -p %s/n && cp %s/a/model_00000006.bin %s/n/", base, base, base, base);
+            CHECK(system(cmd) == 0, "copy failed");
+            TrainState st = st6;
+            st.nproc = 2;
+            st.grad_accum = variant == 0 ? 1 : 2;
+            snprintf(pb, sizeof pb, "%s/n/state_00000006.bin", base);
+            state_write(pb, &st, m6, v6, ne, "f32");
+            snprintf(cmd, sizeof cmd, "./train_pdn %s -o %s/n -y 1", flags, base);
+            rc = run_cmd(cmd, outbuf, sizeof outbuf);
+            if (variant == 0) {
+                snprintf(pa, sizeof pa, "%s/a", base); snprintf(pb, sizeof pb, "%s/n", base);
+                log_losses(pa, 7, 12, la, sizeof la);
+                log_losses(pb, 7, 12, lb, sizeof lb);
+                CHECK(rc == 0 && la[0] && strcmp(la, lb) == 0, "a 2-process state resumed on 1 process: rc %d, losses:\n%s---\n%s\n%s",
+                      rc, la, lb, outbuf);
+            } else {
+                CHECK(rc == EXIT_USAGE && strstr(outbuf, "same batch settings"), "2 x 2 micro-batches per step resumed as 1 x 2: rc %d\n%s",
+                      rc, outbuf);
+            }
+        }
+        free(p6); free(m6); free(v6);
+        printf("  resume across process counts: a state written by 2 processes x 1 micro-batch continues on 1 process x 2 "
+               "exactly; a different number of micro-batches per step is refused\n");
+    }
 
     // checkpoint round trip in-process: write, read back, bit-exact, same config and layout
     snprintf(pa, sizeof pa, "%s/a/model_00000012.bin", base);
@@ -1776,6 +1817,306 @@ static void test_compare_tool(void) {
     printf("  test_pdn --compare: chunk vs token debug states pass; one dw_q element moved by 1e-3 of the tensor's scale fails\n");
 }
 
+// ====================================================================================================
+// multi-process support (dist.h): launcher environments, the TCP and file rendezvous (real processes, real sockets
+// and files, stale files from a crashed run, missing and mismatched peers), and the ZeRO-1 shard plan against a
+// full, unsharded update.
+
+// one rank of a rendezvous, in a child process: rank 0 hands out `blob`; the others must receive exactly it
+typedef struct { int tcp, port, world, claimed_world, rank, delay_ms; const char* dir; double timeout; } RdzvCase;
+
+static pid_t spawn_rank(const RdzvCase* rc, const uint8_t* blob, const char* errfile) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid != 0) { return pid; }
+    FILE* ef = freopen(errfile, "w", stderr);
+    (void)ef;
+    dist_sleep_ms(rc->delay_ms);
+    uint8_t got[128];
+    memset(got, 0, sizeof got);
+    if (rc->rank == 0) { memcpy(got, blob, sizeof got); }
+    if (rc->tcp && rc->rank == 0) { dist_tcp_serve(rc->port, rc->world, got, sizeof got, rc->timeout); }
+    else if (rc->tcp) { dist_tcp_join("localhost", rc->port, rc->rank, rc->claimed_world, got, sizeof got, rc->timeout); }
+    else { dist_file_rendezvous(rc->dir, rc->rank, rc->claimed_world, got, sizeof got, rc->timeout); }
+    _exit(memcmp(got, blob, sizeof got) == 0 ? 0 : 9);
+}
+
+// wait for a child; -1 if it has not ended within `seconds` (then it is killed: a hang is a failure)
+static int wait_rank(pid_t pid, double seconds) {
+    double end = wall_seconds() + seconds;
+    for (;;) {
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) { return WIFEXITED(st) ? WEXITSTATUS(st) : -2; }
+        if (wall_seconds() > end) { kill(pid, SIGKILL); waitpid(pid, &st, 0); return -1; }
+        dist_sleep_ms(20);
+    }
+}
+
+static void read_text_file(const char* path, char* out, size_t n) {
+    out[0] = 0;
+    FILE* f = fopen(path, "r");
+    if (!f) { return; }
+    size_t k = fread(out, 1, n - 1, f);
+    out[k] = 0;
+    fclose(f);
+}
+
+static int free_tcp_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t l = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr*)&a, sizeof a) == 0 && getsockname(fd, (struct sockaddr*)&a, &l) == 0) { port = ntohs(a.sin_port); }
+    if (fd >= 0) { close(fd); }
+    return port;
+}
+
+// run the ranks of one case (per-rank claimed world and start delay); rc_out[r] = exit code, errs[r] = stderr
+static void run_rdzv(RdzvCase base, int n, const int* claimed, const int* delay, const uint8_t* blob, int* rc_out,
+                     char errs[][2048]) {
+    pid_t pids[8];
+    char ef[8][64];
+    for (int r = 0; r < n; r++) {
+        RdzvCase c = base;
+        c.rank = r; c.claimed_world = claimed ? claimed[r] : base.world; c.delay_ms = delay ? delay[r] : 0;
+        snprintf(ef[r], sizeof ef[r], "/tmp/pdn_rdzv_err.%d.%d", (int)getpid(), r);
+        pids[r] = spawn_rank(&c, blob, ef[r]);
+    }
+    for (int r = 0; r < n; r++) {
+        rc_out[r] = wait_rank(pids[r], base.timeout + 20);
+        read_text_file(ef[r], errs[r], 2048);
+        unlink(ef[r]);
+    }
+}
+
+static void test_dist_env(void) {
+    const char* vars[] = {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_PROCID",
+                          "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_LOCALID", "PMI_RANK", "PMI_SIZE",
+                          "MPI_LOCALRANKID", "RANK", "WORLD_SIZE", "LOCAL_RANK"};
+    char* saved[13];
+    for (int i = 0; i < 13; i++) { saved[i] = getenv(vars[i]) ? strdup(getenv(vars[i])) : NULL; unsetenv(vars[i]); }
+    DistEnv de;
+    dist_env_detect(&de, -1, 0, -1);
+    CHECK(de.rank == 0 && de.world == 1, "no launcher: got rank %d of %d", de.rank, de.world);
+    setenv("SLURM_PROCID", "0", 1); setenv("SLURM_NTASKS", "8", 1); setenv("SLURM_LOCALID", "0", 1);
+    dist_env_detect(&de, -1, 0, -1);
+    CHECK(de.world == 1, "an sbatch script (SLURM_NTASKS without an srun step) must stay one process, got %d", de.world);
+    setenv("SLURM_PROCID", "5", 1); setenv("SLURM_STEP_NUM_TASKS", "8", 1); setenv("SLURM_LOCALID", "1", 1);
+    dist_env_detect(&de, -1, 0, -1);
+    CHECK(de.rank == 5 && de.world == 8 && de.local_rank == 1 && strstr(de.source, "Slurm"), "srun: got %d/%d local %d (%s)",
+          de.rank, de.world, de.local_rank, de.source);
+    setenv("OMPI_COMM_WORLD_RANK", "3", 1); setenv("OMPI_COMM_WORLD_SIZE", "4", 1); setenv("OMPI_COMM_WORLD_LOCAL_RANK", "1", 1);
+    dist_env_detect(&de, -1, 0, -1);
+    CHECK(de.rank == 3 && de.world == 4 && de.local_rank == 1 && strstr(de.source, "Open MPI"),
+          "mpirun (inside Slurm) must win: got %d/%d local %d (%s)", de.rank, de.world, de.local_rank, de.source);
+    dist_env_detect(&de, 1, 2, 0);
+    CHECK(de.rank == 1 && de.world == 2 && de.local_rank == 0, "flags must override the environment: got %d/%d local %d",
+          de.rank, de.world, de.local_rank);
+    for (int i = 0; i < 13; i++) { unsetenv(vars[i]); }
+    setenv("RANK", "2", 1); setenv("WORLD_SIZE", "2", 1);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) { FILE* ef = freopen("/dev/null", "w", stderr); (void)ef; dist_env_detect(&de, -1, 0, -1); _exit(0); }
+    CHECK(wait_rank(pid, 10) == EXIT_USAGE, "rank 2 of 2 processes must be refused with exit %d", EXIT_USAGE);
+    for (int i = 0; i < 13; i++) { unsetenv(vars[i]); if (saved[i]) { setenv(vars[i], saved[i], 1); free(saved[i]); } }
+    printf("  launcher environments: none, sbatch (one process), srun, mpirun inside Slurm, flags, an impossible rank\n");
+}
+
+static void test_rendezvous(void) {
+    uint8_t blob[128];
+    for (int i = 0; i < 128; i++) { blob[i] = (uint8_t)rng_below(&trng, 256); }
+    static char errs[8][2048];
+    int rcs[8];
+    // TCP: ranks 1 and 2 start first and retry until rank 0 listens
+    RdzvCase tcp = {1, free_tcp_port(), 3, 3, 0, 0, NULL, 20.0};
+    int delay[3] = {400, 0, 100};
+    run_rdzv(tcp, 3, NULL, delay, blob, rcs, errs);
+    CHECK(tcp.port > 0 && rcs[0] == 0 && rcs[1] == 0 && rcs[2] == 0, "TCP rendezvous of 3: exit codes %d %d %d\n%s%s%s",
+          rcs[0], rcs[1], rcs[2], errs[0], errs[1], errs[2]);
+    // TCP: a rank never comes -> rank 0 gives up at the deadline, naming it
+    RdzvCase lone = {1, free_tcp_port(), 2, 2, 0, 0, NULL, 1.0};
+    run_rdzv(lone, 1, NULL, NULL, blob, rcs, errs);
+    CHECK(rcs[0] == EXIT_DIST && strstr(errs[0], "missing ranks: 1"), "TCP, rank 1 missing: rc %d (want %d), stderr:\n%s",
+          rcs[0], EXIT_DIST, errs[0]);
+    // TCP: rank 1 thinks the job has 3 processes
+    RdzvCase mism = {1, free_tcp_port(), 2, 2, 0, 0, NULL, 10.0};
+    int claimed[2] = {2, 3};
+    run_rdzv(mism, 2, claimed, NULL, blob, rcs, errs);
+    CHECK(rcs[0] == EXIT_DIST && rcs[1] == EXIT_DIST && strstr(errs[0], "says the job has 3 processes") &&
+          strstr(errs[1], "job of 2 processes"), "TCP world mismatch: rc %d %d, stderr:\n%s%s", rcs[0], rcs[1], errs[0], errs[1]);
+    // file: a crashed earlier run left its hello/id/ack files (other nonces, another blob) in the directory
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/pdn_rdzv_dir.%d", (int)getpid());
+    ensure_dir(dir);
+    char path[256], text[512], oldhex[257];
+    uint8_t old[128];
+    for (int i = 0; i < 128; i++) { old[i] = (uint8_t)(blob[i] ^ 0x5a); }
+    dist_hex(old, 128, oldhex);
+    for (int r = 1; r <= 2; r++) {
+        snprintf(path, sizeof path, "%s/hello.%d", dir, r);
+        snprintf(text, sizeof text, "%s world 3 nonce %016llx\n", DIST_FILE_TAG, 0x1234ull + (unsigned long long)r);
+        dist_file_write(path, text);
+        snprintf(path, sizeof path, "%s/id.%d", dir, r);
+        snprintf(text, sizeof text, "%s world 3 nonce %016llx blob %s\n", DIST_FILE_TAG, 0x1234ull + (unsigned long long)r, oldhex);
+        dist_file_write(path, text);
+        snprintf(path, sizeof path, "%s/ack.%d", dir, r);
+        snprintf(text, sizeof text, "%s nonce %016llx hash %016llx\n", DIST_FILE_TAG, 0x1234ull + (unsigned long long)r,
+                 (unsigned long long)dist_hash(old, 128));
+        dist_file_write(path, text);
+    }
+    RdzvCase fc = {0, 0, 3, 3, 0, 0, dir, 20.0};
+    int fdelay[3] = {300, 0, 150};
+    run_rdzv(fc, 3, NULL, fdelay, blob, rcs, errs);
+    CHECK(rcs[0] == 0 && rcs[1] == 0 && rcs[2] == 0, "file rendezvous over stale files: exit codes %d %d %d (9: a rank took "
+          "a stale id)\n%s%s%s", rcs[0], rcs[1], rcs[2], errs[0], errs[1], errs[2]);
+    int left = 0;
+    DIR* d = opendir(dir);
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) { left += e->d_name[0] != '.'; }
+    if (d) { closedir(d); }
+    CHECK(left == 0, "the file rendezvous left %d files in %s", left, dir);
+    // file: rank 0 never comes -> rank 1 gives up
+    RdzvCase orphan = {0, 0, 2, 2, 1, 0, dir, 1.0};
+    fflush(stdout);
+    pid_t pid = spawn_rank(&orphan, blob, "/tmp/pdn_rdzv_orphan.err");
+    int rc1 = wait_rank(pid, 20);
+    read_text_file("/tmp/pdn_rdzv_orphan.err", errs[0], 2048);
+    unlink("/tmp/pdn_rdzv_orphan.err");
+    CHECK(rc1 == EXIT_DIST && strstr(errs[0], "no answer from rank 0"), "file, rank 0 missing: rc %d, stderr:\n%s", rc1, errs[0]);
+    snprintf(path, sizeof path, "%s/hello.1", dir);
+    unlink(path);
+    rmdir(dir);
+    printf("  rendezvous: TCP (ranks before rank 0), file (over a crashed run's stale files, cleaned up after); "
+           "a missing rank, a missing rank 0 and a world-size mismatch end with exit %d and say why\n", EXIT_DIST);
+}
+
+// the update the sharded-step simulation applies: depends on the tensor and the element's index in it, as AdamW's
+// weight decay and stochastic rounding do (noinline: both sides must compute it with the same instructions)
+__attribute__((noinline)) static float zero_test_update(float p, float g, int tensor, size_t idx) {
+    return p - 0.01f * (g + (float)(tensor + 1) * 1e-3f * p) + 1e-6f * (float)(idx % 97);
+}
+
+static void test_zero_plan(void) {
+    struct { const char* variant; int tie, layers; } cfgs[] = {{"pgdn", 0, 2}, {"pkda", 1, 3}, {"dn", 0, 1}};
+    int worlds[] = {1, 2, 3, 5, 8};
+    int cases = 0;
+    for (size_t ci = 0; ci < sizeof(cfgs) / sizeof(cfgs[0]); ci++) {
+        PdnConfig c = small_config(cfgs[ci].variant, 0, cfgs[ci].tie);
+        c.n_layer = cfgs[ci].layers;
+        PdnLayout lay;
+        pdn_build_layout(&c, &lay);
+        size_t n = lay.num_elems;
+        for (size_t wi = 0; wi < sizeof(worlds) / sizeof(worlds[0]); wi++) {
+            int W = worlds[wi];
+            ZeroPlan* zp = (ZeroPlan*)calloc((size_t)W, sizeof(ZeroPlan));
+            for (int r = 0; r < W; r++) { zero_plan_build(&c, &lay, W, r, &zp[r]); }
+            // every parameter element has exactly one owner; alignment gaps have none; the sizes divide
+            unsigned char* cover = (unsigned char*)calloc(n, 1);
+            int bad_seg = 0;
+            for (int r = 0; r < W; r++) {
+                for (int k = 0; k < zp[r].n_segs; k++) {
+                    const ZeroSeg* g = &zp[r].segs[k];
+                    const PdnTensor* t = &lay.t[g->tensor];
+                    bad_seg += g->flat < t->offset || g->flat + g->n > t->offset + t->numel || g->shard + g->n > zp[r].shard_total;
+                    for (size_t j = 0; j < g->n; j++) { cover[g->flat + j]++; }
+                }
+            }
+            int ok_cover = 1;
+            for (int i = 0; i < NUM_TENSORS; i++) {
+                for (size_t j = 0; j < lay.t[i].numel; j++) { ok_cover &= cover[lay.t[i].offset + j] == 1; cover[lay.t[i].offset + j] = 0; }
+            }
+            for (size_t j = 0; j < n; j++) { ok_cover &= cover[j] == 0; }
+            CHECK(ok_cover && !bad_seg && zp[0].packed_total % ((size_t)W * PDN_ALIGN) == 0 &&
+                  zp[0].shard_total * (size_t)W == zp[0].packed_total, "%s world %d: ownership or sizes wrong (%d bad segments)",
+                  cfgs[ci].variant, W, bad_seg);
+            // bucket 1 is layer L-1 (its gradients are final first), the last one the embedding
+            const ZeroRange* r1 = &zp[0].ranges[zp[0].bucket_first[1]];
+            const ZeroRange* rl = &zp[0].ranges[zp[0].bucket_first[zp[0].n_buckets - 1]];
+            CHECK(r1->flat == lay.t[r1->tensor].offset + (size_t)(c.n_layer - 1) * lay.t[r1->tensor].layer_numel &&
+                  rl->tensor == T_WTE, "%s world %d: bucket order", cfgs[ci].variant, W);
+            // one ZeRO-1 step, simulated: pack each rank's gradients, reduce-scatter (sum over ranks in rank order),
+            // update each shard, all-gather, unpack; it must equal the unsharded update of the summed gradients bit for bit
+            float* p = (float*)calloc(n, sizeof(float));
+            float** g = (float**)calloc((size_t)W, sizeof(float*));
+            for (int i = 0; i < NUM_TENSORS; i++) {
+                for (size_t j = 0; j < lay.t[i].numel; j++) { p[lay.t[i].offset + j] = (float)nrand(); }
+            }
+            for (int r = 0; r < W; r++) {
+                g[r] = (float*)calloc(n, sizeof(float));
+                for (int i = 0; i < NUM_TENSORS; i++) {
+                    for (size_t j = 0; j < lay.t[i].numel; j++) { g[r][lay.t[i].offset + j] = (float)nrand(); }
+                }
+            }
+            float* want = (float*)calloc(n, sizeof(float));
+            for (int i = 0; i < NUM_TENSORS; i++) {
+                for (size_t j = 0; j < lay.t[i].numel; j++) {
+                    size_t f = lay.t[i].offset + j;
+                    float s = g[0][f];
+                    for (int r = 1; r < W; r++) { s += g[r][f]; }
+                    want[f] = zero_test_update(p[f], s, i, j);
+                }
+            }
+            size_t P = zp[0].packed_total;
+            float* packed = (float*)calloc((size_t)W * P, sizeof(float));
+            for (int r = 0; r < W; r++) {
+                for (int k = 0; k < zp[0].n_ranges; k++) {
+                    const ZeroRange* rg = &zp[0].ranges[k];
+                    memcpy(packed + (size_t)r * P + rg->packed, g[r] + rg->flat, rg->n * sizeof(float));
+                }
+            }
+            float* gathered = (float*)calloc(P, sizeof(float));
+            float* shard = (float*)calloc(zp[0].shard_total, sizeof(float));
+            float* sgrad = (float*)calloc(zp[0].shard_total, sizeof(float));
+            for (int r = 0; r < W; r++) {
+                for (int b = 0; b < zp[r].n_buckets; b++) {
+                    size_t s = zero_piece(&zp[r], b), lo = zp[r].bucket_off[b] + (size_t)r * s;
+                    for (size_t j = 0; j < s; j++) {
+                        float acc = packed[lo + j];
+                        for (int k = 1; k < W; k++) { acc += packed[(size_t)k * P + lo + j]; }
+                        sgrad[zp[r].bucket_off[b] / (size_t)W + j] = acc;
+                    }
+                }
+                zero_shard_from_flat(&zp[r], p, shard);
+                for (int k = 0; k < zp[r].n_segs; k++) {
+                    const ZeroSeg* sg = &zp[r].segs[k];
+                    for (size_t j = 0; j < sg->n; j++) {
+                        float v = zero_test_update(shard[sg->shard + j], sgrad[sg->shard + j], sg->tensor,
+                                                   sg->flat + j - lay.t[sg->tensor].offset);
+                        shard[sg->shard + j] = v;
+                        gathered[sg->packed + j] = v;
+                    }
+                }
+            }
+            float* got = (float*)calloc(n, sizeof(float));
+            for (int k = 0; k < zp[0].n_ranges; k++) {
+                const ZeroRange* rg = &zp[0].ranges[k];
+                memcpy(got + rg->flat, gathered + rg->packed, rg->n * sizeof(float));
+            }
+            CHECK(memcmp(got, want, n * sizeof(float)) == 0, "%s world %d: the sharded step differs from the unsharded one",
+                  cfgs[ci].variant, W);
+            // a checkpoint's gather on save and shard on load: full buffer -> shards -> full buffer is the identity
+            memset(got, 0, n * sizeof(float));
+            for (int r = 0; r < W; r++) { zero_shard_from_flat(&zp[r], want, shard); zero_shard_to_flat(&zp[r], shard, got); }
+            CHECK(memcmp(got, want, n * sizeof(float)) == 0, "%s world %d: shard/unshard round trip", cfgs[ci].variant, W);
+            for (int r = 0; r < W; r++) { free(g[r]); zero_plan_free(&zp[r]); }
+            free(g); free(p); free(want); free(packed); free(gathered); free(shard); free(sgrad); free(got); free(cover); free(zp);
+            cases++;
+        }
+    }
+    printf("  ZeRO-1 plan: %d (variant, world size) cases: one owner per parameter, buckets in backward order, a simulated "
+           "sharded step equal bit for bit to the unsharded one, shard/unshard round trip\n", cases);
+}
+
+static void run_dist_tests(void) {
+    printf("multi-process support (dist.h):\n");
+    test_dist_env();
+    test_rendezvous();
+    test_zero_plan();
+}
+
 static void run_float_tests(void) {
     printf("chunkwise vs per-token mixer (fp32):\n");
     test_chunk_vs_token_fp32();
@@ -1785,6 +2126,7 @@ static void run_float_tests(void) {
     test_recurrent_matches_full("pgdn", 1);
     printf("MQAR:\n");
     test_mqar_generator();
+    run_dist_tests();
     if (!file_exists("./train_pdn")) {
         n_fail++;
         printf("FAIL: ./train_pdn not found: the end-to-end tests need it (run 'make test' from the repository root)\n");

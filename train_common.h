@@ -51,7 +51,14 @@ batches, the held-out batches, the saved position) with the tokenizer-side helpe
     X(F, temperature,   NULL, "--temperature",  "1.0",  "sampling temperature (0: greedy)") \
     X(I, top_k,         NULL, "--top-k",        "0",    "sample from the k most likely tokens (0: all)") \
     X(I, threads,       NULL, "--threads",      "0",    "OpenMP threads (0: all cores)") \
-    X(S, debug_state,   NULL, "--debug-state",  "",     "write one step's inputs, logits, loss and grads to FILE and exit")
+    X(S, debug_state,   NULL, "--debug-state",  "",     "write one step's inputs, logits, loss and grads to FILE and exit") \
+    X(I, world_size,    NULL, "--world-size",   "0",    "GPU trainer: processes in the job (0: the launcher's environment, else 1)") \
+    X(I, rank,          NULL, "--rank",         "-1",   "GPU trainer: this process's rank (-1: the launcher's environment)") \
+    X(I, local_rank,    NULL, "--local-rank",   "-1",   "GPU trainer: this process's GPU on its node (-1: launcher's, else rank % GPUs)") \
+    X(S, dist_host,     NULL, "--dist-host",    "",     "GPU trainer, TCP rendezvous: rank 0's host (default $MASTER_ADDR)") \
+    X(I, dist_port,     NULL, "--dist-port",    "0",    "GPU trainer, TCP rendezvous: rank 0's port (0: $MASTER_PORT, else 29500)") \
+    X(S, dist_dir,      NULL, "--dist-dir",     "",     "GPU trainer, file rendezvous: a directory all processes share (one per job)") \
+    X(I, dist_timeout,  NULL, "--dist-timeout", "600",  "GPU trainer: seconds a rendezvous or a step may wait for the other processes")
 
 #define TRAIN_CTYPE_I int
 #define TRAIN_CTYPE_L long
@@ -245,7 +252,12 @@ static void box_rule(void) { printf("+----------------------------+-------------
 // the box shows the flags of the task being trained: MQAR's knobs for MQAR, the text flags for text
 static int train_field_shown(const TrainConfig* tc, const TrainField* f) {
     static const char* const text_only[] = {"train", "val", "tokenizer", "sample_every"};
+    static const char* const procs[] = {"world_size", "rank", "local_rank"}; // a line after the box says it
     int text = tc->train[0] != 0;
+    if (strncmp(f->name, "dist_", 5) == 0) { return 0; }
+    for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+        if (strcmp(f->name, procs[i]) == 0) { return 0; }
+    }
     if (strncmp(f->name, "mqar_", 5) == 0) { return !text; }
     for (size_t i = 0; i < sizeof(text_only) / sizeof(text_only[0]); i++) {
         if (strcmp(f->name, text_only[i]) == 0) { return text; }
@@ -625,10 +637,12 @@ static void resume_state_read(const char* path, const TrainConfig* tc, int nproc
     if (st->model_crc != model_crc) {
         fail(EXIT_BADFILE, "%s belongs to a different checkpoint (model crc %08x, found %08x)", path, st->model_crc, model_crc);
     }
-    if (st->B != tc->B || st->T != tc->T || st->grad_accum != tc->grad_accum || st->nproc != nproc) {
+    // the data order continues exactly when every step takes the same micro-batches: same -b, -t and micro-batches per
+    // step (accumulation steps x processes). The number of processes itself may change: N processes resume on M.
+    if (st->B != tc->B || st->T != tc->T || (long)st->grad_accum * st->nproc != (long)tc->grad_accum * nproc) {
         fail(EXIT_USAGE, "resume needs the same batch settings: the checkpoint used -b %d -t %d with %d accumulation "
-             "steps on %d process(es); now -b %d -t %d, %d steps on %d", st->B, st->T, st->grad_accum, st->nproc, tc->B,
-             tc->T, tc->grad_accum, nproc);
+             "steps on %d process(es); now -b %d -t %d, %d steps on %d\n  hint: keep -b, -t and -d (tokens per step); the "
+             "number of processes may change", st->B, st->T, st->grad_accum, st->nproc, tc->B, tc->T, tc->grad_accum, nproc);
     }
 }
 
@@ -914,11 +928,11 @@ static void print_tokens(FILE* f, const Tokenizer* tok, const int* ids, int n) {
 // The start of both trainers' main(): the model's source (-y / -e / flags), the tokenizer, the data source (which
 // fills a vocabulary the preset left at 0), then the config check. Returns the tokenizer or NULL.
 static Tokenizer* run_setup(TrainConfig* tc, PdnConfig* mc, real** loaded, uint32_t* crc, char* resume_state, size_t n,
-                            Tokenizer* tok_mem, DataSource* ds) {
+                            Tokenizer* tok_mem, DataSource* ds, int rank, int world) {
     load_model_source(tc, mc, loaded, crc, resume_state, n);
     Tokenizer* tok = load_tokenizer_flag(tc, tok_mem);
     memset(ds, 0, sizeof(*ds));
-    if (!tc->generate) { data_init(ds, tc, tok ? tok->vocab_size : 0, &mc->vocab_size, 0, 1); }
+    if (!tc->generate) { data_init(ds, tc, tok ? tok->vocab_size : 0, &mc->vocab_size, rank, world); }
     const char* err = pdn_config_check(mc);
     if (err) { fail(EXIT_USAGE, "%s", err); }
     return tok;

@@ -1552,6 +1552,9 @@ int main(int argc, char** argv) {
     TrainConfig tc;
     parse_args(argc, argv, &mc, &tc);
     train_config_check(&tc, 1);
+    if (tc.world_size > 1 || tc.dist_host[0] || tc.dist_dir[0]) {
+        fail(EXIT_USAGE, "the CPU trainer runs in one process: --world-size, --dist-host and --dist-dir are for train_pdncu");
+    }
     char device[64];
 #ifdef _OPENMP
     if (tc.threads > 0) { omp_set_num_threads(tc.threads); }
@@ -1570,7 +1573,7 @@ int main(int argc, char** argv) {
     char resume_state[1100];
     Tokenizer tok_mem;
     DataSource ds;
-    Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds);
+    Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds, 0, 1);
     if (tc.count_params) { print_param_table(&mc); return 0; }
     model_init(&m, &mc, tc.chunk, tc.chunk_form);
     if (loaded) { memcpy(m.params, loaded, m.lay.num_elems * sizeof(real)); free(loaded); }

@@ -26,9 +26,18 @@ are custom kernels. Padded tokens have q = k = v = 0, beta = 0, g = 0: they chan
 #include <mma.h>
 #include <vector>
 #include <algorithm>
+#include <atomic>
+#include <pthread.h>
+#ifdef ENABLE_NCCL
+#include <nccl.h>
+#endif
+#ifdef ENABLE_MPI
+#include <mpi.h>
+#endif
 #include "pdn.h"
 #include "mqar.h"
 #include "train_common.h"
+#include "dist.h"
 
 // ----------------------------------------------------------------------------------------------------
 // 1. CUDA utilities
@@ -810,19 +819,25 @@ __global__ void classifier_kernel(floatX* logits, float* losses, int* argmax, co
 
 // AdamW on one tensor (SPEC §6 weight decay), gradient scaled by grad_scale (clipping). master fp32 is updated;
 // the floatX parameter is its stochastically rounded copy (seed per tensor and step).
+// one element: moments and master weight updated in place, the new master weight returned (one GPU and ZeRO-1 share it)
+__device__ __forceinline__ float adamw_element(float* master, float* m, float* v, float g, float lr, float beta1, float beta2,
+                                               float bc1, float bc2, float eps, float wd) {
+    float mi = beta1 * *m + (1.0f - beta1) * g;
+    float vi = beta2 * *v + (1.0f - beta2) * g * g;
+    *m = mi;
+    *v = vi;
+    float p = *master;
+    p -= lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p);
+    *master = p;
+    return p;
+}
+
 __global__ void adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, long n, float lr,
                              float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
                              unsigned int seed) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) { return; }
-    float g = grads[i] * grad_scale;
-    float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    float p = master[i];
-    p -= lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p);
-    master[i] = p;
+    float p = adamw_element(master + i, m + i, v + i, grads[i] * grad_scale, lr, beta1, beta2, bc1, bc2, eps, wd);
     params[i] = round_sr(p, (unsigned int)i, seed);
 }
 
@@ -830,6 +845,58 @@ __global__ void adamw_kernel(floatX* params, float* master, const float* grads, 
 __global__ void round_params_kernel(floatX* params, const float* master, long n, unsigned int seed) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) { params[i] = round_sr(master[i], (unsigned int)i, seed); }
+}
+
+// ZeRO-1 (several GPUs; dist.h's plan). The last entry of a table sorted by KEY whose KEY is <= x, in [lo, hi)
+// (lo if none): the tables are short (a range per tensor and layer, a segment per piece of one).
+template <typename E, size_t E::*KEY> __device__ __forceinline__ int table_find(const E* t, int lo, int hi, size_t x) {
+    hi--;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (t[mid].*KEY <= x) { lo = mid; } else { hi = mid - 1; }
+    }
+    return lo;
+}
+
+// packed[p0 .. p1) <-> the flat buffer, through the plan's ranges r0 .. r1 (to_packed: gather the flat buffer into
+// the packed one; else scatter back). Padding between buckets is not touched.
+template <typename T>
+__global__ void zero_copy_kernel(T* packed, T* flat, const ZeroRange* ranges, int r0, int r1, size_t p0, size_t p1, int to_packed) {
+    for (size_t p = p0 + (size_t)blockIdx.x * blockDim.x + threadIdx.x; p < p1; p += (size_t)gridDim.x * blockDim.x) {
+        ZeroRange r = ranges[table_find<ZeroRange, &ZeroRange::packed>(ranges, r0, r1, p)];
+        if (p < r.packed || p >= r.packed + r.n) { continue; }
+        size_t f = r.flat + (p - r.packed);
+        if (to_packed) { packed[p] = flat[f]; } else { flat[f] = packed[p]; }
+    }
+}
+
+// buckets b0 .. b1-1 of the plan, on `st`
+template <typename T>
+static void zero_copy(T* packed, T* flat, const ZeroPlan* zp, const ZeroRange* d_ranges, int b0, int b1, int to_packed,
+                      cudaStream_t st) {
+    size_t p0 = zp->bucket_off[b0], p1 = zp->bucket_off[b1];
+    unsigned blocks = (unsigned)std::min<size_t>((p1 - p0 + 255) / 256, 16384);
+    zero_copy_kernel<T><<<blocks, 256, 0, st>>>(packed, flat, d_ranges, zp->bucket_first[b0], zp->bucket_first[b1], p0, p1, to_packed);
+    cudaCheck(cudaGetLastError());
+}
+
+// what the sharded AdamW needs to know of every tensor: its rounding seed this step, its weight decay, its offset
+struct ZeroTensorInfo { unsigned int seed[NUM_TENSORS]; float wd[NUM_TENSORS]; unsigned long long offset[NUM_TENSORS]; };
+
+// AdamW on this rank's shard: the same per-element update and the same rounding (seed per tensor and step, position
+// inside the tensor) as adamw_kernel on one GPU; the new floatX parameter goes to its place in the packed buffer,
+// ready for the all-gather. Shard padding belongs to no segment and is skipped.
+__global__ void adamw_shard_kernel(floatX* packed_params, float* master, const float* grads, float* m, float* v,
+                                   const ZeroSeg* segs, int nseg, size_t n, float lr, float beta1, float beta2, float bc1,
+                                   float bc2, float eps, float grad_scale, ZeroTensorInfo ti) {
+    size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) { return; }
+    ZeroSeg s = segs[table_find<ZeroSeg, &ZeroSeg::shard>(segs, 0, nseg, j)];
+    if (j < s.shard || j >= s.shard + s.n) { return; }
+    int t = s.tensor;
+    float p = adamw_element(master + j, m + j, v + j, grads[j] * grad_scale, lr, beta1, beta2, bc1, bc2, eps, ti.wd[t]);
+    size_t idx = s.flat + (j - s.shard) - (size_t)ti.offset[t];
+    packed_params[s.packed + (j - s.shard)] = round_sr(p, (unsigned int)idx, ti.seed[t]);
 }
 
 // sum of squares, deterministic: fixed grid of partial sums, then one block sums them in order
@@ -1959,10 +2026,11 @@ struct Model {
     PdnConfig cfg;
     PdnLayout lay;
     floatX* params;      // (num_elems) the flat buffer of pdn.h, floatX
-    float* master;       // fp32 master weights (what checkpoints store)
-    float* grads;        // fp32
-    float* m;            // AdamW moments, fp32
+    float* master;       // (n_opt) fp32 master weights (what checkpoints store)
+    float* grads;        // (num_elems) fp32
+    float* m;            // (n_opt) AdamW moments, fp32
     float* v;
+    size_t n_opt;        // num_elems on one GPU; with ZeRO-1 this rank's shard (dist.h), in its packed order
     int C;               // chunk size
     uint64_t seed;       // for the per-tensor rounding seeds
 };
@@ -1974,38 +2042,60 @@ static unsigned int tensor_seed(uint64_t seed, long step, int tensor) {
     return (unsigned int)(splitmix64(&x) >> 32);
 }
 
-static void round_params(Model* m, long step) {
+// the floatX parameters of `step` from full fp32 master weights on the device (flat layout)
+static void round_params(Model* m, const float* master_full, long step) {
     for (int i = 0; i < NUM_TENSORS; i++) {
         const PdnTensor* t = &m->lay.t[i];
         if (!t->numel) { continue; }
-        round_params_kernel<<<cdiv(t->numel, 256), 256, 0, main_stream>>>(m->params + t->offset, m->master + t->offset,
+        round_params_kernel<<<cdiv(t->numel, 256), 256, 0, main_stream>>>(m->params + t->offset, master_full + t->offset,
                                                                           (long)t->numel, tensor_seed(m->seed, step, i));
     }
     cudaCheck(cudaGetLastError());
 }
 
-static void model_init(Model* m, const PdnConfig* c, int C, uint64_t seed) {
+// n_opt: elements of master weights and moments kept here (num_elems, or this rank's ZeRO-1 shard)
+static void model_init(Model* m, const PdnConfig* c, int C, uint64_t seed, size_t n_opt) {
     memset(m, 0, sizeof(*m));
     m->cfg = *c;
     pdn_build_layout(c, &m->lay);
     m->C = C;
     m->seed = seed;
+    m->n_opt = n_opt;
     size_t n = m->lay.num_elems;
     cudaCheck(cudaMalloc(&m->params, n * sizeof(floatX)));
-    cudaCheck(cudaMalloc(&m->master, n * sizeof(float)));
+    cudaCheck(cudaMalloc(&m->master, n_opt * sizeof(float)));
     cudaCheck(cudaMalloc(&m->grads, n * sizeof(float)));
-    cudaCheck(cudaMalloc(&m->m, n * sizeof(float)));
-    cudaCheck(cudaMalloc(&m->v, n * sizeof(float)));
+    cudaCheck(cudaMalloc(&m->m, n_opt * sizeof(float)));
+    cudaCheck(cudaMalloc(&m->v, n_opt * sizeof(float)));
     cudaCheck(cudaMemset(m->params, 0, n * sizeof(floatX)));
     cudaCheck(cudaMemset(m->grads, 0, n * sizeof(float)));
-    cudaCheck(cudaMemset(m->m, 0, n * sizeof(float)));
-    cudaCheck(cudaMemset(m->v, 0, n * sizeof(float)));
+    cudaCheck(cudaMemset(m->master, 0, n_opt * sizeof(float)));
+    cudaCheck(cudaMemset(m->m, 0, n_opt * sizeof(float)));
+    cudaCheck(cudaMemset(m->v, 0, n_opt * sizeof(float)));
 }
 
-// upload fp32 master weights from the host and derive the floatX parameters of `step`
-static void model_set_master(Model* m, const float* host, long step) {
-    cudaCheck(cudaMemcpy(m->master, host, m->lay.num_elems * sizeof(float), cudaMemcpyHostToDevice));
-    round_params(m, step);
+// upload full fp32 master weights (and AdamW moments, or NULL for zeros) from the host, keep what this process owns
+// (zp: its ZeRO-1 shard; NULL: everything), and derive the floatX parameters of `step` exactly as the run did
+static void model_upload(Model* m, const ZeroPlan* zp, const float* master, const float* mom1, const float* mom2, long step) {
+    size_t n = m->lay.num_elems;
+    if (!zp) {
+        cudaCheck(cudaMemcpy(m->master, master, n * sizeof(float), cudaMemcpyHostToDevice));
+        if (mom1) { cudaCheck(cudaMemcpy(m->m, mom1, n * sizeof(float), cudaMemcpyHostToDevice)); }
+        if (mom2) { cudaCheck(cudaMemcpy(m->v, mom2, n * sizeof(float), cudaMemcpyHostToDevice)); }
+        round_params(m, m->master, step);
+        return;
+    }
+    cudaCheck(cudaMemcpy(m->grads, master, n * sizeof(float), cudaMemcpyHostToDevice)); // scratch: the full master
+    round_params(m, m->grads, step);
+    std::vector<float> shard(zp->shard_total);
+    const float* src[3] = {master, mom1, mom2};
+    float* dst[3] = {m->master, m->m, m->v};
+    for (int k = 0; k < 3; k++) {
+        if (!src[k]) { continue; }
+        zero_shard_from_flat(zp, src[k], shard.data());
+        cudaCheck(cudaMemcpy(dst[k], shard.data(), shard.size() * sizeof(float), cudaMemcpyHostToDevice));
+    }
+    cudaCheck(cudaMemset(m->grads, 0, n * sizeof(float)));
 }
 
 static void model_free(Model* m) {
@@ -2176,6 +2266,349 @@ static RecState recstate_alloc(const PdnConfig* c, int B) {
     return r;
 }
 
+// ----------------------------------------------------------------------------------------------------
+// 4b. several GPUs: one process per GPU, NCCL data parallelism with ZeRO-1 (dist.h: the launcher environments, the
+// rendezvous, the shard plan). In the last micro-step of a step, pdn_backward hands over each bucket of gradients as
+// soon as it is final: dist.stream packs it and reduce-scatters it while the backward goes on. Each rank then runs
+// AdamW on its shard of fp32 master weights and moments, and the new floatX parameters are all-gathered in place and
+// unpacked. Every collective goes to dist.stream in the same order on every rank. A watchdog thread ends the process
+// (exit 5) when a phase makes no progress within --dist-timeout seconds or NCCL reports an error, so a rank that dies
+// ends the job with a message instead of hanging it. With one process none of this runs.
+
+#ifdef ENABLE_NCCL
+static void nccl_check(ncclResult_t r, const char* file, int line) {
+    if (r != ncclSuccess) {
+        fail(EXIT_DIST, "NCCL: %s [%s:%d]\n  hint: NCCL_DEBUG=WARN says more; if another rank failed first, its message is "
+             "the one that matters", ncclGetErrorString(r), file, line);
+    }
+}
+#define ncclCheck(r) nccl_check(r, __FILE__, __LINE__)
+#ifdef ENABLE_FP32
+#define NCCL_FLOATX ncclFloat
+#else
+#define NCCL_FLOATX ncclBfloat16
+#endif
+#endif
+
+struct Dist {
+    DistEnv env;                   // rank, world, local GPU, where they came from
+    int on;                        // world > 1 and connected
+    int used_mpi;                  // MPI_Init was called (mpirun): MPI_Finalize at the end
+    char how[160];                 // the rendezvous, for the printout
+    double timeout;                // --dist-timeout
+#ifdef ENABLE_NCCL
+    ncclComm_t comm;
+#endif
+    cudaStream_t stream;           // every collective, and the packing around them
+    ZeroPlan zp;
+    ZeroRange* d_ranges;           // the plan's tables on the device
+    ZeroSeg* d_segs;
+    float* packed_grads;           // (packed_total) the reduce-scatter's input; a save's gather buffer
+    floatX* packed_params;         // (packed_total) the all-gather's buffer
+    float* sgrad;                  // (shard_total) this rank's summed gradients
+    double* scal;                  // (8) device scalars to all-reduce
+    double* scal_host;             // (8) pinned
+    int reduce_now;                // set during the last micro-step: pdn_backward hands its buckets over
+    std::vector<cudaEvent_t> ev_ready, ev_rs0, ev_rs1;   // per bucket: gradients final (main), reduce-scatter start/end
+    cudaEvent_t bwd_end, opt_done, ag0, ag1, params_done;
+    double rs_ms, exposed_ms, ag_ms;   // summed over timed steps
+};
+static Dist dist;
+
+// the watchdog: a deadline per phase; past it, or on an NCCL error, the process ends with a message
+static std::atomic<double> watchdog_deadline(0.0);
+static std::atomic<const char*> watchdog_phase("starting");
+
+static void watch(const char* phase, double seconds) {
+    watchdog_phase.store(phase);
+    watchdog_deadline.store(wall_seconds() + seconds);
+}
+
+#ifdef ENABLE_NCCL
+static pthread_mutex_t watchdog_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void* watchdog_main(void*) {
+    for (;;) {
+        dist_sleep_ms(200);
+        double d = watchdog_deadline.load();
+        if (d > 0 && wall_seconds() > d) {
+            fprintf(stderr, "error (rank %d): no progress for %.0f s during %s: another process of the job has probably "
+                    "failed or hangs; ending this one\n  hint: the first error of the other ranks says why; raise "
+                    "--dist-timeout if this phase legitimately takes longer\n", dist.env.rank, dist.timeout, watchdog_phase.load());
+            fflush(stdout);
+            _exit(EXIT_DIST);
+        }
+        ncclResult_t r = ncclSuccess;
+        pthread_mutex_lock(&watchdog_mu); // dist_finish clears dist.on under it before the communicator goes away
+        if (dist.on && ncclCommGetAsyncError(dist.comm, &r) != ncclSuccess) { r = ncclSuccess; }
+        pthread_mutex_unlock(&watchdog_mu);
+        if (r != ncclSuccess && r != ncclInProgress) {
+            fprintf(stderr, "error (rank %d): NCCL reports '%s' during %s: a peer process or link failed; ending this one\n",
+                    dist.env.rank, ncclGetErrorString(r), watchdog_phase.load());
+            _exit(EXIT_DIST);
+        }
+    }
+    return nullptr;
+}
+#endif
+
+// who this process is (before anything else: the data source needs rank and world); ranks > 0 print nothing to stdout
+static void dist_identify(const TrainConfig* tc) {
+    dist_env_detect(&dist.env, tc->rank, tc->world_size, tc->local_rank);
+    dist.timeout = tc->dist_timeout;
+    if (dist.env.world == 1) { return; }
+    if (tc->dist_timeout < 1) { fail(EXIT_USAGE, "--dist-timeout must be >= 1 second"); }
+    fail_rank = dist.env.rank;
+    if (dist.env.rank != 0 && !freopen("/dev/null", "w", stdout)) { fail(EXIT_SYSTEM, "cannot silence stdout of rank %d", dist.env.rank); }
+}
+
+// the GPU of this process: the launcher's local rank, else rank % visible GPUs
+static int dist_device(void) {
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+        fail(EXIT_SYSTEM, "no CUDA device found (this needs a GPU; train_pdn is the CPU trainer)");
+    }
+    int dev = dist.env.local_rank >= 0 ? dist.env.local_rank : dist.env.rank % ndev;
+    if (dev >= ndev && ndev == 1) { dev = 0; } // the launcher shows each process only its own GPU
+    if (dev >= ndev) {
+        fail(EXIT_USAGE, "local rank %d, but this node shows %d GPU(s)\n  hint: start at most one process per GPU per node "
+             "(check CUDA_VISIBLE_DEVICES and the launcher's tasks per node)", dev, ndev);
+    }
+    return dev;
+}
+
+// the rendezvous (a file directory, else TCP, else MPI under mpirun) and the NCCL communicator
+static void dist_connect(const TrainConfig* tc, int device) {
+    const DistEnv* e = &dist.env;
+    if (e->world == 1) { return; }
+#ifndef ENABLE_NCCL
+    (void)tc; (void)device;
+    fail(EXIT_USAGE, "%d processes (%s), but this train_pdncu was built without NCCL and runs on one GPU\n  hint: install "
+         "NCCL and rebuild; 'make train_pdncu' says what it found", e->world, e->source);
+#else
+    pthread_t th;
+    if (pthread_create(&th, nullptr, watchdog_main, nullptr) != 0) { fail(EXIT_SYSTEM, "cannot start the watchdog thread"); }
+    pthread_detach(th);
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if (e->rank == 0) { ncclCheck(ncclGetUniqueId(&id)); }
+    const char* host = tc->dist_host[0] ? tc->dist_host : getenv("MASTER_ADDR");
+    int port = tc->dist_port > 0 ? tc->dist_port : getenv("MASTER_PORT") ? atoi(getenv("MASTER_PORT")) : 29500;
+    watch("the rendezvous", dist.timeout + 30); // the rendezvous has its own deadline and a better message
+    if (tc->dist_dir[0]) {
+        if (mkdir(tc->dist_dir, 0755) != 0 && errno != EEXIST) {
+            fail(EXIT_DIST, "--dist-dir '%s': %s", tc->dist_dir, strerror(errno));
+        }
+        dist_file_rendezvous(tc->dist_dir, e->rank, e->world, &id, sizeof id, dist.timeout);
+        snprintf(dist.how, sizeof dist.how, "shared directory %s", tc->dist_dir);
+    } else if (host && host[0]) {
+        if (port < 1 || port > 65535) { fail(EXIT_USAGE, "--dist-port (or MASTER_PORT) must be in 1..65535, got %d", port); }
+        if (e->rank == 0) { dist_tcp_serve(port, e->world, &id, sizeof id, dist.timeout); }
+        else { dist_tcp_join(host, port, e->rank, e->world, &id, sizeof id, dist.timeout); }
+        snprintf(dist.how, sizeof dist.how, "TCP %s:%d", host, port);
+    } else {
+#ifdef ENABLE_MPI
+        if (strstr(e->source, "Open MPI") || strstr(e->source, "PMI")) {
+            MPI_Init(nullptr, nullptr);
+            dist.used_mpi = 1;
+            int r, w;
+            MPI_Comm_rank(MPI_COMM_WORLD, &r);
+            MPI_Comm_size(MPI_COMM_WORLD, &w);
+            if (r != e->rank || w != e->world) {
+                fail(EXIT_USAGE, "MPI says rank %d of %d, the environment %d of %d", r, w, e->rank, e->world);
+            }
+            MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+            snprintf(dist.how, sizeof dist.how, "MPI");
+        } else
+#endif
+        fail(EXIT_USAGE, "%d processes (%s) but no way to meet: give --dist-host HOST (rank 0's node, or set MASTER_ADDR) "
+             "or --dist-dir DIR (a directory all nodes share)%s", e->world, e->source,
+#ifdef ENABLE_MPI
+             ", or launch with mpirun"
+#else
+             " (this build has no MPI, so mpirun alone cannot be used)"
+#endif
+             );
+    }
+    watch("NCCL initialisation", dist.timeout);
+    cudaCheck(cudaSetDevice(device));
+    ncclCheck(ncclCommInitRank(&dist.comm, e->world, id, e->rank));
+    pthread_mutex_lock(&watchdog_mu);
+    dist.on = 1;
+    pthread_mutex_unlock(&watchdog_mu);
+    cudaCheck(cudaStreamCreateWithFlags(&dist.stream, cudaStreamNonBlocking));
+#endif
+}
+
+// the plan's device tables and the communication buffers (after the model)
+static void dist_buffers(void) {
+    if (!dist.on) { return; }
+    const ZeroPlan* zp = &dist.zp;
+    cudaCheck(cudaMalloc(&dist.d_ranges, zp->n_ranges * sizeof(ZeroRange)));
+    cudaCheck(cudaMalloc(&dist.d_segs, (zp->n_segs ? zp->n_segs : 1) * sizeof(ZeroSeg)));
+    cudaCheck(cudaMemcpy(dist.d_ranges, zp->ranges, zp->n_ranges * sizeof(ZeroRange), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(dist.d_segs, zp->segs, zp->n_segs * sizeof(ZeroSeg), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMalloc(&dist.packed_grads, zp->packed_total * sizeof(float)));
+    cudaCheck(cudaMalloc(&dist.packed_params, zp->packed_total * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dist.sgrad, zp->shard_total * sizeof(float)));
+    cudaCheck(cudaMemset(dist.packed_grads, 0, zp->packed_total * sizeof(float))); // padding stays 0
+    cudaCheck(cudaMemset(dist.packed_params, 0, zp->packed_total * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&dist.scal, 8 * sizeof(double)));
+    cudaCheck(cudaMallocHost(&dist.scal_host, 8 * sizeof(double)));
+    int nb = zp->n_buckets;
+    dist.ev_ready.resize(nb); dist.ev_rs0.resize(nb); dist.ev_rs1.resize(nb);
+    for (int b = 0; b < nb; b++) {
+        cudaCheck(cudaEventCreateWithFlags(&dist.ev_ready[b], cudaEventDisableTiming));
+        cudaCheck(cudaEventCreate(&dist.ev_rs0[b]));
+        cudaCheck(cudaEventCreate(&dist.ev_rs1[b]));
+    }
+    cudaCheck(cudaEventCreate(&dist.bwd_end)); cudaCheck(cudaEventCreate(&dist.opt_done));
+    cudaCheck(cudaEventCreate(&dist.ag0)); cudaCheck(cudaEventCreate(&dist.ag1)); cudaCheck(cudaEventCreate(&dist.params_done));
+}
+
+#ifdef ENABLE_NCCL
+// `st` waits for what main_stream has queued so far (ev: an event to use for it)
+static void stream_after_main(cudaStream_t st, cudaEvent_t ev) {
+    cudaCheck(cudaEventRecord(ev, main_stream));
+    cudaCheck(cudaStreamWaitEvent(st, ev, 0));
+}
+#endif
+
+// pdn_backward calls it when bucket b's gradients are final (dist.h's order): pack and reduce-scatter it now
+static void dist_grads_ready(const Model* m, int b) {
+    if (!dist.reduce_now) { return; }
+#ifdef ENABLE_NCCL
+    const ZeroPlan* zp = &dist.zp;
+    stream_after_main(dist.stream, dist.ev_ready[b]);
+    cudaCheck(cudaEventRecord(dist.ev_rs0[b], dist.stream));
+    zero_copy<float>(dist.packed_grads, m->grads, zp, dist.d_ranges, b, b + 1, 1, dist.stream);
+    ncclCheck(ncclReduceScatter(dist.packed_grads + zp->bucket_off[b], dist.sgrad + zp->bucket_off[b] / zp->world,
+                                zero_piece(zp, b), ncclFloat, ncclSum, dist.comm, dist.stream));
+    cudaCheck(cudaEventRecord(dist.ev_rs1[b], dist.stream));
+#else
+    (void)m; (void)b;
+#endif
+}
+
+// sums v[0 .. n) over all ranks, in place (host doubles; a few per step)
+static void dist_sum(double* v, int n) {
+#ifdef ENABLE_NCCL
+    memcpy(dist.scal_host, v, n * sizeof(double));
+    cudaCheck(cudaMemcpyAsync(dist.scal, dist.scal_host, n * sizeof(double), cudaMemcpyHostToDevice, dist.stream));
+    ncclCheck(ncclAllReduce(dist.scal, dist.scal, n, ncclDouble, ncclSum, dist.comm, dist.stream));
+    cudaCheck(cudaMemcpyAsync(dist.scal_host, dist.scal, n * sizeof(double), cudaMemcpyDeviceToHost, dist.stream));
+    cudaCheck(cudaStreamSynchronize(dist.stream));
+    memcpy(v, dist.scal_host, n * sizeof(double));
+#else
+    (void)v; (void)n;
+#endif
+}
+
+// after the last micro-step: the mean loss over ranks (in: this rank's) and the global gradient norm
+static double dist_loss_and_norm(double* loss, float* norm_scratch) {
+    cudaCheck(cudaEventRecord(dist.bwd_end, main_stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, dist.ev_rs1[dist.zp.n_buckets - 1], 0)); // this rank's reduced gradients
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256, 0, main_stream>>>(norm_scratch, dist.sgrad, (long)dist.zp.shard_total);
+    sumsq_final_kernel<<<1, 256, 0, main_stream>>>(norm_scratch + NORM_BLOCKS, norm_scratch, NORM_BLOCKS);
+    cudaCheck(cudaGetLastError());
+    float s;
+    cudaCheck(cudaMemcpy(&s, norm_scratch + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
+    double v[2] = {*loss, (double)s};
+    dist_sum(v, 2);
+    *loss = v[0] / dist.env.world;
+    return sqrt(v[1]);
+}
+
+// AdamW on this rank's shard, then the new parameters all-gathered and unpacked into m->params
+static void dist_adamw(Model* m, const TrainConfig* tc, float lr, long step, float grad_scale) {
+#ifdef ENABLE_NCCL
+    const ZeroPlan* zp = &dist.zp;
+    ZeroTensorInfo ti;
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        ti.seed[i] = tensor_seed(m->seed, step, i);
+        ti.wd[i] = m->lay.t[i].wd ? tc->weight_decay : 0.0f;
+        ti.offset[i] = m->lay.t[i].offset;
+    }
+    float bc1 = (float)(1.0 - pow(tc->beta1, (double)step)), bc2 = (float)(1.0 - pow(tc->beta2, (double)step));
+    adamw_shard_kernel<<<cdiv((long)zp->shard_total, 256), 256, 0, main_stream>>>(dist.packed_params, m->master, dist.sgrad,
+        m->m, m->v, dist.d_segs, zp->n_segs, zp->shard_total, lr, tc->beta1, tc->beta2, bc1, bc2, tc->adam_eps, grad_scale, ti);
+    cudaCheck(cudaGetLastError());
+    stream_after_main(dist.stream, dist.opt_done);
+    cudaCheck(cudaEventRecord(dist.ag0, dist.stream));
+    ncclCheck(ncclGroupStart());
+    for (int b = 0; b < zp->n_buckets; b++) {
+        size_t s = zero_piece(zp, b);
+        floatX* buf = dist.packed_params + zp->bucket_off[b];
+        ncclCheck(ncclAllGather(buf + (size_t)zp->rank * s, buf, s, NCCL_FLOATX, dist.comm, dist.stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    cudaCheck(cudaEventRecord(dist.ag1, dist.stream));
+    zero_copy<floatX>(dist.packed_params, m->params, zp, dist.d_ranges, 0, zp->n_buckets, 0, dist.stream);
+    cudaCheck(cudaEventRecord(dist.params_done, dist.stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, dist.params_done, 0));
+#else
+    (void)m; (void)tc; (void)lr; (void)step; (void)grad_scale;
+#endif
+}
+
+// the communication of the step just synchronised, into the running sums
+static void dist_time_step(void) {
+    float ms;
+    for (size_t b = 0; b < dist.ev_rs0.size(); b++) {
+        cudaCheck(cudaEventElapsedTime(&ms, dist.ev_rs0[b], dist.ev_rs1[b]));
+        dist.rs_ms += ms;
+    }
+    cudaCheck(cudaEventElapsedTime(&ms, dist.bwd_end, dist.ev_rs1.back()));
+    dist.exposed_ms += ms > 0 ? ms : 0;
+    cudaCheck(cudaEventElapsedTime(&ms, dist.ag0, dist.ag1));
+    dist.ag_ms += ms;
+}
+
+// a full fp32 buffer (flat layout) from every rank's shard: all ranks take part, rank 0 gets it in *out.
+// m->grads is the scratch (free between steps).
+static void dist_gather_full(Model* m, const float* shard, std::vector<float>* out) {
+#ifdef ENABLE_NCCL
+    const ZeroPlan* zp = &dist.zp;
+    size_t n = m->lay.num_elems;
+    cudaCheck(cudaMemsetAsync(m->grads, 0, n * sizeof(float), main_stream));
+    stream_after_main(dist.stream, dist.opt_done);
+    ncclCheck(ncclGroupStart());
+    for (int b = 0; b < zp->n_buckets; b++) {
+        size_t s = zero_piece(zp, b);
+        ncclCheck(ncclAllGather(shard + zp->bucket_off[b] / zp->world, dist.packed_grads + zp->bucket_off[b], s, ncclFloat,
+                                dist.comm, dist.stream));
+    }
+    ncclCheck(ncclGroupEnd());
+    zero_copy<float>(dist.packed_grads, m->grads, zp, dist.d_ranges, 0, zp->n_buckets, 0, dist.stream);
+    cudaCheck(cudaStreamSynchronize(dist.stream));
+    if (zp->rank == 0) {
+        out->resize(n);
+        cudaCheck(cudaMemcpy(out->data(), m->grads, n * sizeof(float), cudaMemcpyDeviceToHost));
+    }
+    cudaCheck(cudaMemset(m->grads, 0, n * sizeof(float)));
+#else
+    (void)m; (void)shard; (void)out;
+#endif
+}
+
+// the end of a job: all ranks meet (so nobody tears down a communicator a peer still uses), then NCCL and MPI close
+static void dist_finish(void) {
+    if (!dist.on) { return; }
+#ifdef ENABLE_NCCL
+    watch("the end of the job", dist.timeout);
+    double one = 1.0;
+    dist_sum(&one, 1);
+    pthread_mutex_lock(&watchdog_mu);
+    dist.on = 0;
+    pthread_mutex_unlock(&watchdog_mu);
+    watchdog_deadline.store(0.0);
+    ncclCheck(ncclCommDestroy(dist.comm));
+#endif
+#ifdef ENABLE_MPI
+    if (dist.used_mpi) { MPI_Finalize(); }
+#endif
+}
+
 #define PP(id, l) PDN_PARAM(m->params, lay, id, l)
 #define GG(id, l) PDN_PARAM(m->grads, lay, id, l)
 
@@ -2288,6 +2721,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     matmul_backward(g.dlnf, DINP_SET, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
     rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.dlnf, nullptr, a->resid + (long)L * N * d, nullptr,
                      PP(T_FINAL_NORM, 0), a->lnf_rstd, N, d); }
+    dist_grads_ready(m, 0); // several GPUs: the classifier's and the final norm's gradients are final
     for (int l = L - 1; l >= 0; l--) {
         LayerActs& la = a->L[l];
         const floatX* x = a->resid + (long)l * N * d;
@@ -2367,6 +2801,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         matmul_backward(g.dln1, DINP_ADD, GG(T_WK, l), g.dkp_x, la.ln1, PP(T_WK, l), (int)N, d, HK);
         matmul_backward(g.dln1, DINP_ADD, GG(T_WV, l), g.dvp_x, la.ln1, PP(T_WV, l), (int)N, d, HV);
         rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d);
+        dist_grads_ready(m, L - l); // layer l's gradients are final
     }
     // embedding: group positions by token on the host (positions in increasing order), sum on the device
     PROF("bwd.embed");
@@ -2386,6 +2821,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                                                                                               g.bucket_tok, g.bucket_start,
                                                                                               g.bucket_pos, d);
     cudaCheck(cudaGetLastError());
+    dist_grads_ready(m, L + 1);
     cudaCheck(cudaStreamSynchronize(main_stream)); // the host vectors above must outlive the copies
 }
 
@@ -2431,6 +2867,7 @@ static double forward_backward(Model* m, Acts* a, const int* x, const int* y, in
     { PROF("classifier.softmax+loss");
     sum = classifier(a, m->cfg.vocab_size, y, count ? (float)(1.0 / ((double)count * grad_accum)) : 0.0f, &count, nullptr); }
     if (count) { pdn_backward(m, a, x); }
+    else { for (int b = 0; dist.reduce_now && b < dist.zp.n_buckets; b++) { dist_grads_ready(m, b); } } // zero gradients, same collectives
     return count ? sum / count : 0.0;
 }
 
@@ -2476,6 +2913,12 @@ static long evaluate(Model* m, Acts* a, DataSource* ds, double* loss, double* ac
         count += c;
         for (long n = 0; n < N; n++) { if (y[(size_t)n] >= 0) { hits += am[(size_t)n] == y[(size_t)n]; } }
     }
+    if (dist.on && ds->kind == DATA_TEXT) { // each rank evaluated its slice of the split (MQAR: all the same batches)
+        double v[3] = {lsum, (double)count, (double)hits};
+        dist_sum(v, 3);
+        lsum = v[0]; count = (long)v[1]; hits = (long)v[2];
+        batches *= dist.env.world;
+    }
     *loss = count ? lsum / count : 0.0;
     *acc = count ? (double)hits / count : 0.0;
     return batches;
@@ -2515,14 +2958,22 @@ static void save_checkpoint(Model* m, const TrainConfig* tc, long step, const Da
     char mp[1100], sp[1100];
     ckpt_paths(tc->out_dir, step, mp, sp, sizeof mp);
     size_t n = m->lay.num_elems;
-    std::vector<float> host(n), hm(n), hv(n);
-    cudaCheck(cudaMemcpy(host.data(), m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(hm.data(), m->m, n * sizeof(float), cudaMemcpyDeviceToHost));
-    cudaCheck(cudaMemcpy(hv.data(), m->v, n * sizeof(float), cudaMemcpyDeviceToHost));
+    std::vector<float> host, hm, hv;
+    if (dist.on) { // gathered from the shards: the files do not depend on the number of processes
+        dist_gather_full(m, m->master, &host);
+        dist_gather_full(m, m->m, &hm);
+        dist_gather_full(m, m->v, &hv);
+        if (dist.env.rank != 0) { return; }
+    } else {
+        host.resize(n); hm.resize(n); hv.resize(n);
+        cudaCheck(cudaMemcpy(host.data(), m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(hm.data(), m->m, n * sizeof(float), cudaMemcpyDeviceToHost));
+        cudaCheck(cudaMemcpy(hv.data(), m->v, n * sizeof(float), cudaMemcpyDeviceToHost));
+    }
     uint32_t crc = pdn_checkpoint_write(mp, &m->cfg, &m->lay, host.data(), "f32", step);
     TrainState st;
     memset(&st, 0, sizeof st);
-    st.step = step; st.model_crc = crc; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = 1;
+    st.step = step; st.model_crc = crc; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = dist.env.world;
     data_save(ds, &st);
     state_write(sp, &st, hm.data(), hv.data(), n, "f32");
     printf("saved checkpoint %s (+ %s)\n", mp, sp);
@@ -2577,14 +3028,15 @@ static double flops_per_token(const PdnConfig* c, const PdnLayout* lay, int C) {
 }
 
 // the device, cuBLAS handles and workspace, kernel attributes: what runs before the first kernel (trainer and lab)
-static cudaDeviceProp gpu_setup(void) {
+// (device: this process's GPU, dist_device(); the lab takes 0)
+static cudaDeviceProp gpu_setup(int device = 0) {
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
         fail(EXIT_SYSTEM, "no CUDA device found (this needs a GPU; train_pdn is the CPU trainer)");
     }
     cudaDeviceProp prop;
-    cudaCheck(cudaSetDevice(0));
-    cudaCheck(cudaGetDeviceProperties(&prop, 0));
+    cudaCheck(cudaSetDevice(device));
+    cudaCheck(cudaGetDeviceProperties(&prop, device));
     cublasCheck(cublasCreate(&cublas_handle));
     cublasCheck(cublasLtCreate(&cublaslt_handle));
     cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
@@ -2601,7 +3053,12 @@ int main(int argc, char** argv) {
     PdnConfig mc;
     TrainConfig tc;
     parse_args(argc, argv, &mc, &tc);
-    train_config_check(&tc, 1);
+    dist_identify(&tc); // rank and world size (one process unless a launcher or --world-size says otherwise)
+    int world = dist.env.world, rank = dist.env.rank;
+    train_config_check(&tc, world);
+    if (world > 1 && (tc.generate || tc.debug_state[0])) {
+        fail(EXIT_USAGE, "--generate and --debug-state run in one process (this is rank %d of %d)", rank, world);
+    }
     if (!tc.chunk_form) { fail(EXIT_USAGE, "the CUDA trainer runs the chunkwise mixer only (--mixer chunk); the per-token form is the CPU reference's"); }
     if (tc.chunk > 64 || tc.chunk % 16) { fail(EXIT_USAGE, "--chunk must be a multiple of 16, at most 64, on the GPU (got %d)", tc.chunk); }
 
@@ -2612,7 +3069,7 @@ int main(int argc, char** argv) {
     char resume_state[1100];
     Tokenizer tok_mem;
     DataSource ds;
-    Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds);
+    Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds, rank, world);
     if (tc.count_params) { print_param_table(&mc); return 0; }
     if (mc.precond == PRECOND_EXACT && mc.head_k > 128) { fail(EXIT_USAGE, "the exact preconditioner on the GPU needs --head-dim <= 128"); }
     if (mc.conv_size > CONV_CS_MAX) { fail(EXIT_USAGE, "--conv-size must be <= %d on the GPU", CONV_CS_MAX); }
@@ -2620,7 +3077,9 @@ int main(int argc, char** argv) {
         fail(EXIT_USAGE, "the GPU trainer needs key and value head dims of at most 256 (got K %d, V %d)", mc.head_k, pdn_head_v(&mc));
     }
 
-    cudaDeviceProp prop = gpu_setup();
+    int device = dist_device();
+    cudaDeviceProp prop = gpu_setup(device);
+    dist_connect(&tc, device); // several processes: rendezvous and NCCL (fails with a message, never hangs)
     if (mc.decay == DECAY_CHANNEL) {
         ChunkShape cs{1, 1, 1, tc.chunk, tc.chunk, 1, mc.head_k, pdn_head_v(&mc), mc.head_k, 1};
         if (smem_scores_channel_bwd(cs) > (size_t)smem_optin) {
@@ -2630,21 +3089,25 @@ int main(int argc, char** argv) {
     prof_on = getenv("PDN_PROFILE") && atoi(getenv("PDN_PROFILE")) != 0;
 
     Model m;
-    model_init(&m, &mc, tc.chunk, (uint64_t)tc.seed);
-    std::vector<float> host(m.lay.num_elems);
+    PdnLayout lay;
+    pdn_build_layout(&mc, &lay);
+    if (dist.on) { zero_plan_build(&mc, &lay, world, rank, &dist.zp); }
+    model_init(&m, &mc, tc.chunk, (uint64_t)tc.seed, dist.on ? dist.zp.shard_total : lay.num_elems);
+    dist_buffers();
+    std::vector<float> host(m.lay.num_elems), hm, hv;
     if (loaded) { memcpy(host.data(), loaded, host.size() * sizeof(float)); free(loaded); }
     else { pdn_init_params(&mc, &m.lay, host.data(), (uint64_t)tc.seed); }
     long start_step = 0;
     if (resume_state[0] && !tc.generate) { // the optimizer moments, the step and the data position
         TrainState st;
-        std::vector<float> hm(m.lay.num_elems), hv(m.lay.num_elems);
-        resume_state_read(resume_state, &tc, 1, loaded_crc, &st, hm.data(), hv.data(), m.lay.num_elems, "f32");
+        hm.resize(m.lay.num_elems); hv.resize(m.lay.num_elems);
+        resume_state_read(resume_state, &tc, world, loaded_crc, &st, hm.data(), hv.data(), m.lay.num_elems, "f32");
         data_restore(&ds, &st, resume_state);
-        cudaCheck(cudaMemcpy(m.m, hm.data(), hm.size() * sizeof(float), cudaMemcpyHostToDevice));
-        cudaCheck(cudaMemcpy(m.v, hv.data(), hv.size() * sizeof(float), cudaMemcpyHostToDevice));
         start_step = st.step;
     }
-    model_set_master(&m, host.data(), start_step); // the floatX parameters of that step, rounded as the run did
+    // the floatX parameters of that step, rounded as the run did; with ZeRO-1 each rank keeps its shard of the rest
+    model_upload(&m, dist.on ? &dist.zp : nullptr, host.data(), hm.empty() ? nullptr : hm.data(),
+                 hv.empty() ? nullptr : hv.data(), start_step);
 
     if (tc.generate) {
         std::vector<int> ids(65536 + (size_t)tc.generate);
@@ -2662,14 +3125,21 @@ int main(int argc, char** argv) {
     int sample_start = tc.sample_every ? tok->eot_id : -1;
     if (tc.sample_every && sample_start < 0) { fail(EXIT_USAGE, "-s: the tokenizer has no <|endoftext|> token to start samples from"); }
     double peak = peak_bf16_flops(&prop);
-    char device[320];
-    snprintf(device, sizeof device, "%s (%d SMs)", prop.name, prop.multiProcessorCount);
-    print_config_box(&mc, &tc, &m.lay, device, PRECISION_NAME);
-    if (peak > 0) { printf("peak dense bf16: %.0f TFLOP/s (for MFU)\n", peak / 1e12); }
+    char device_name[320];
+    snprintf(device_name, sizeof device_name, "%s (%d SMs)%s", prop.name, prop.multiProcessorCount, world > 1 ? " per process" : "");
+    print_config_box(&mc, &tc, &m.lay, device_name, PRECISION_NAME);
+    if (peak > 0) { printf("peak dense bf16: %.0f TFLOP/s per GPU (for MFU)\n", peak / 1e12); }
+    if (dist.on) {
+        printf("data parallel: %d processes, one GPU each (%s; rendezvous: %s); ZeRO-1: each keeps 1/%d of the fp32 master "
+               "weights and AdamW moments; %d gradient buckets reduce-scattered during the backward\n", world,
+               dist.env.source, dist.how, world, dist.zp.n_buckets);
+    }
 
     Acts acts = acts_alloc(&m, tc.B, tc.T, 1);
-    printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB\n",
-           m.lay.num_elems * (sizeof(floatX) + 4.0 * 4) / 1048576.0, acts.arena.bytes / 1048576.0);
+    printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB%s\n",
+           (m.lay.num_elems * (sizeof(floatX) + 4.0) + m.n_opt * 12.0 +
+            (dist.on ? dist.zp.packed_total * (4.0 + sizeof(floatX)) + dist.zp.shard_total * 4.0 : 0.0)) / 1048576.0,
+           acts.arena.bytes / 1048576.0, dist.on ? " (per GPU, with the communication buffers)" : "");
     size_t N = (size_t)tc.B * tc.T;
     std::vector<int> x(N), y(N);
     if (tc.debug_state[0]) { // one micro-batch, the first of this run's data stream, as the CPU trainer does
@@ -2678,8 +3148,8 @@ int main(int argc, char** argv) {
         return 0;
     }
     Logger lg;
-    if (tc.out_dir[0]) { ensure_dir(tc.out_dir); }
-    logger_init(&lg, tc.out_dir, start_step > 0);
+    if (tc.out_dir[0] && rank == 0) { ensure_dir(tc.out_dir); }
+    logger_init(&lg, rank == 0 ? tc.out_dir : "", start_step > 0); // rank 0 writes the log and the checkpoints
     float* norm_scratch;
     cudaCheck(cudaMalloc(&norm_scratch, (NORM_BLOCKS + 1) * sizeof(float)));
     double fpt = flops_per_token(&mc, &m.lay, tc.chunk);
@@ -2690,24 +3160,29 @@ int main(int argc, char** argv) {
     double t_start = wall_seconds(), t_steps = 0.0, final_val = -1.0;
     int timed = 0;
     for (long step = start_step; step < tc.steps; step++) {
+        if (dist.on) { watch("a training step", dist.timeout); }
         cudaCheck(cudaEventRecord(ev0, main_stream));
         cudaCheck(cudaMemsetAsync(m.grads, 0, m.lay.num_elems * sizeof(float), main_stream));
         double loss = 0.0;
         for (int micro = 0; micro < tc.grad_accum; micro++) {
             data_next(&ds, x.data(), y.data());
-            loss += forward_backward(&m, &acts, x.data(), y.data(), tc.grad_accum) / tc.grad_accum;
+            dist.reduce_now = dist.on && micro == tc.grad_accum - 1; // the last micro-step hands its buckets to NCCL
+            // (the loss of each micro-batch is scaled so that the summed gradients are the mean over every process's)
+            loss += forward_backward(&m, &acts, x.data(), y.data(), tc.grad_accum * world) / tc.grad_accum;
         }
-        if (!isfinite(loss)) {
-            fail(EXIT_NUMERIC, "loss is %f at step %ld: training diverged (no checkpoint was written for this step)\n"
-                 "  hint: lower -l (learning rate), raise -u (warm-up) or keep --grad-clip on", loss, step + 1);
-        }
+        dist.reduce_now = 0;
         double norm;
         float lr = lr_at(&tc, (int)step);
         {
             PROF("optimizer (norm+adamw)");
-            norm = grad_norm(&m, norm_scratch);
+            norm = dist.on ? dist_loss_and_norm(&loss, norm_scratch) : grad_norm(&m, norm_scratch); // loss: mean over ranks
+            if (!isfinite(loss)) {
+                fail(EXIT_NUMERIC, "loss is %f at step %ld: training diverged (no checkpoint was written for this step)\n"
+                     "  hint: lower -l (learning rate), raise -u (warm-up) or keep --grad-clip on", loss, step + 1);
+            }
             float scale = (tc.grad_clip > 0 && norm > tc.grad_clip) ? (float)(tc.grad_clip / norm) : 1.0f;
-            adamw_update(&m, &tc, lr, step + 1, scale);
+            if (dist.on) { dist_adamw(&m, &tc, lr, step + 1, scale); }
+            else { adamw_update(&m, &tc, lr, step + 1, scale); }
         }
         cudaCheck(cudaEventRecord(ev1, main_stream));
         cudaCheck(cudaEventSynchronize(ev1));
@@ -2715,16 +3190,17 @@ int main(int argc, char** argv) {
         cudaCheck(cudaEventElapsedTime(&ms, ev0, ev1));
         double dt = ms / 1e3;
         prof_flush(step > start_step);
-        if (step > start_step) { t_steps += dt; timed++; }
-        double mfu = peak > 0 ? fpt * tc.total_batch / dt / peak : -1.0;
+        if (step > start_step) { t_steps += dt; timed++; if (dist.on) { dist_time_step(); } }
+        double mfu = peak > 0 ? fpt * tc.total_batch / dt / (peak * world) : -1.0;
         print_step(&lg, &tc, step, loss, norm, lr, dt, timed ? t_steps / timed : dt, mfu);
         int last = step + 1 == tc.steps;
         if ((tc.val_every && (step + 1) % tc.val_every == 0) || last) {
+            if (dist.on) { watch("the evaluation", dist.timeout); }
             double vl, va;
             long nb = evaluate(&m, &acts, &ds, &vl, &va);
             report_eval(&lg, &ds, step + 1, vl, va, nb, tc.B, (long)N, &final_val);
         }
-        if (sample_start >= 0 && tc.gen_tokens > 0 && ((step + 1) % tc.sample_every == 0 || last)) {
+        if (sample_start >= 0 && tc.gen_tokens > 0 && rank == 0 && ((step + 1) % tc.sample_every == 0 || last)) {
             std::vector<int> o((size_t)tc.gen_tokens);
             generate(&m, &sample_start, 1, tc.gen_tokens, tc.temperature, tc.top_k, (uint64_t)tc.seed, o.data());
             printf("sample | step %ld | %d tokens after <|endoftext|>:\n", step + 1, tc.gen_tokens);
@@ -2732,6 +3208,7 @@ int main(int argc, char** argv) {
             printf("---\n");
         }
         if (tc.out_dir[0] && ((tc.ckpt_every && (step + 1) % tc.ckpt_every == 0) || last)) {
+            if (dist.on) { watch("saving a checkpoint", dist.timeout); }
             save_checkpoint(&m, &tc, step + 1, &ds);
         }
     }
@@ -2743,6 +3220,12 @@ int main(int argc, char** argv) {
            (total_b - free_b) / 1073741824.0);
     if (final_val >= 0) { printf("; final val loss %.6f", final_val); }
     printf("\n");
+    if (dist.on && timed) {
+        printf("communication per step (rank 0): reduce-scatter %.2f ms (bucket packing included; overlapped with the backward), "
+               "of it exposed after the backward %.2f ms; all-gather %.2f ms\n", dist.rs_ms / timed, dist.exposed_ms / timed,
+               dist.ag_ms / timed);
+    }
+    dist_finish();
     acts_free(&acts);
     model_free(&m);
     data_free(&ds);

@@ -23,18 +23,23 @@ a growable text buffer, and a monotonic clock.
 // ----------------------------------------------------------------------------------------------------
 // errors: one line saying what went wrong and what to do, then a nonzero exit. Exit codes:
 // 1 = bad command line or configuration, 2 = bad or unreadable input file, 3 = numerical failure (NaN loss),
-// 4 = out of memory or I/O failure while writing.
+// 4 = out of memory or I/O failure while writing, 5 = another process of a multi-GPU job failed or did not answer
+// (rendezvous or collective timed out).
 
 #define EXIT_USAGE 1
 #define EXIT_BADFILE 2
 #define EXIT_NUMERIC 3
 #define EXIT_SYSTEM 4
+#define EXIT_DIST 5
+
+// in a job of several processes the messages say which one failed (set once the rank is known; -1: one process)
+static int fail_rank = -1;
 
 static void fail(int code, const char* fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 static void fail(int code, const char* fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "error: ");
+    if (fail_rank >= 0) { fprintf(stderr, "error (rank %d): ", fail_rank); } else { fprintf(stderr, "error: "); }
     vfprintf(stderr, fmt, ap);
     fprintf(stderr, "\n");
     va_end(ap);
