@@ -2396,9 +2396,7 @@ static void dist_connect(const TrainConfig* tc, int device) {
     int port = tc->dist_port > 0 ? tc->dist_port : getenv("MASTER_PORT") ? atoi(getenv("MASTER_PORT")) : 29500;
     watch("the rendezvous", dist.timeout + 30); // the rendezvous has its own deadline and a better message
     if (tc->dist_dir[0]) {
-        if (mkdir(tc->dist_dir, 0755) != 0 && errno != EEXIST) {
-            fail(EXIT_DIST, "--dist-dir '%s': %s", tc->dist_dir, strerror(errno));
-        }
+        ensure_dir(tc->dist_dir);
         dist_file_rendezvous(tc->dist_dir, e->rank, e->world, &id, sizeof id, dist.timeout);
         snprintf(dist.how, sizeof dist.how, "shared directory %s", tc->dist_dir);
     } else if (host && host[0]) {

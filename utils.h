@@ -253,7 +253,10 @@ static void ensure_dir(const char* dir) {
         if (!S_ISDIR(st.st_mode)) { fail(EXIT_USAGE, "'%s' exists and is not a directory", dir); }
         return;
     }
-    if (mkdir(dir, 0755) != 0) { fail(EXIT_SYSTEM, "cannot create directory '%s': %s", dir, strerror(errno)); }
+    // EEXIST: another process of the job made it in between
+    if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode))) {
+        fail(EXIT_SYSTEM, "cannot create directory '%s': %s", dir, strerror(errno));
+    }
 }
 
 static double wall_seconds(void) {
