@@ -1936,6 +1936,58 @@ static void test_rendezvous(void) {
     run_rdzv(tcp, 3, NULL, delay, blob, rcs, errs);
     CHECK(tcp.port > 0 && rcs[0] == 0 && rcs[1] == 0 && rcs[2] == 0, "TCP rendezvous of 3: exit codes %d %d %d\n%s%s%s",
           rcs[0], rcs[1], rcs[2], errs[0], errs[1], errs[2]);
+    // TCP: a stray connection (not the rendezvous' magic: a port scanner, a health check) is ignored
+    RdzvCase stray = {1, free_tcp_port(), 2, 2, 0, 0, NULL, 20.0};
+    {
+        char ef0[64], ef1[64];
+        snprintf(ef0, sizeof ef0, "/tmp/pdn_rdzv_stray.%d.0", (int)getpid());
+        snprintf(ef1, sizeof ef1, "/tmp/pdn_rdzv_stray.%d.1", (int)getpid());
+        pid_t p0 = spawn_rank(&stray, blob, ef0);
+        int fd = -1;
+        for (int tries = 0; tries < 100 && fd < 0; tries++) { // connect as soon as rank 0 listens, send junk, hang up
+            dist_sleep_ms(20);
+            fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in a;
+            memset(&a, 0, sizeof a);
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+            a.sin_port = htons((uint16_t)stray.port);
+            if (connect(fd, (struct sockaddr*)&a, sizeof a) != 0) { close(fd); fd = -1; }
+        }
+        if (fd >= 0) {
+            char junk[32] = "GET / HTTP/1.0\r\n\r\n........";
+            ssize_t wr = write(fd, junk, sizeof junk);
+            (void)wr;
+            close(fd);
+        }
+        RdzvCase r1 = stray;
+        r1.rank = 1;
+        pid_t p1 = spawn_rank(&r1, blob, ef1);
+        int a0 = wait_rank(p0, 40), a1 = wait_rank(p1, 40);
+        read_text_file(ef0, errs[0], 2048);
+        unlink(ef0); unlink(ef1);
+        CHECK(fd >= 0 && a0 == 0 && a1 == 0, "TCP with a stray connection first: connected %d, exit codes %d %d\n%s", fd >= 0, a0,
+              a1, errs[0]);
+    }
+    // TCP: two processes claim rank 1 -> refused with a reason
+    RdzvCase dup = {1, free_tcp_port(), 3, 3, 0, 0, NULL, 10.0};
+    {
+        pid_t pids[3];
+        char ef[3][64];
+        int ranks[3] = {0, 1, 1};
+        for (int i = 0; i < 3; i++) {
+            RdzvCase c = dup;
+            c.rank = ranks[i];
+            c.delay_ms = i == 2 ? 300 : 0;
+            snprintf(ef[i], sizeof ef[i], "/tmp/pdn_rdzv_dup.%d.%d", (int)getpid(), i);
+            pids[i] = spawn_rank(&c, blob, ef[i]);
+        }
+        int rc3[3];
+        for (int i = 0; i < 3; i++) { rc3[i] = wait_rank(pids[i], 40); read_text_file(ef[i], errs[i], 2048); unlink(ef[i]); }
+        CHECK(rc3[0] == EXIT_DIST && strstr(errs[0], "two processes claim rank 1") && rc3[2] == EXIT_DIST &&
+              strstr(errs[2], "another process already has this rank"), "TCP duplicate rank: rc %d %d %d\n%s%s", rc3[0], rc3[1],
+              rc3[2], errs[0], errs[2]);
+    }
     // TCP: a rank never comes -> rank 0 gives up at the deadline, naming it
     RdzvCase lone = {1, free_tcp_port(), 2, 2, 0, 0, NULL, 1.0};
     run_rdzv(lone, 1, NULL, NULL, blob, rcs, errs);
@@ -1989,8 +2041,9 @@ static void test_rendezvous(void) {
     snprintf(path, sizeof path, "%s/hello.1", dir);
     unlink(path);
     rmdir(dir);
-    printf("  rendezvous: TCP (ranks before rank 0), file (over a crashed run's stale files, cleaned up after); "
-           "a missing rank, a missing rank 0 and a world-size mismatch end with exit %d and say why\n", EXIT_DIST);
+    printf("  rendezvous: TCP (ranks before rank 0; a stray connection ignored), file (over a crashed run's stale files, "
+           "cleaned up after); a missing rank, a missing rank 0, a duplicate rank and a world-size mismatch end with exit %d "
+           "and say why\n", EXIT_DIST);
 }
 
 // the update the sharded-step simulation applies: depends on the tensor and the element's index in it, as AdamW's
