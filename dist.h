@@ -414,8 +414,7 @@ static void zero_plan_build(const PdnConfig* c, const PdnLayout* lay, int world,
             r->flat = flat; r->packed = packed; r->n = t->per_layer ? t->layer_numel : t->numel; r->tensor = i;
             packed += r->n;
         }
-        packed = zp->bucket_off[b] + (packed - zp->bucket_off[b] + unit - 1) / unit * unit;
-        if (packed == zp->bucket_off[b]) { packed += unit; }   // never an empty bucket: every collective moves data
+        packed = zp->bucket_off[b] + (packed - zp->bucket_off[b] + unit - 1) / unit * unit; // (no bucket is empty)
     }
     zp->bucket_first[zp->n_buckets] = zp->n_ranges;
     zp->bucket_off[zp->n_buckets] = packed;

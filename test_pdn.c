@@ -1874,14 +1874,15 @@ static int free_tcp_port(void) {
     return port;
 }
 
-// run the ranks of one case (per-rank claimed world and start delay); rc_out[r] = exit code, errs[r] = stderr
-static void run_rdzv(RdzvCase base, int n, const int* claimed, const int* delay, const uint8_t* blob, int* rc_out,
-                     char errs[][2048]) {
+// run n processes of one case (per process: its rank (default: its index), claimed world and start delay);
+// rc_out[i] = exit code, errs[i] = stderr
+static void run_rdzv(RdzvCase base, int n, const int* ranks, const int* claimed, const int* delay, const uint8_t* blob,
+                     int* rc_out, char errs[][2048]) {
     pid_t pids[8];
     char ef[8][64];
     for (int r = 0; r < n; r++) {
         RdzvCase c = base;
-        c.rank = r; c.claimed_world = claimed ? claimed[r] : base.world; c.delay_ms = delay ? delay[r] : 0;
+        c.rank = ranks ? ranks[r] : r; c.claimed_world = claimed ? claimed[r] : base.world; c.delay_ms = delay ? delay[r] : 0;
         snprintf(ef[r], sizeof ef[r], "/tmp/pdn_rdzv_err.%d.%d", (int)getpid(), r);
         pids[r] = spawn_rank(&c, blob, ef[r]);
     }
@@ -1933,7 +1934,7 @@ static void test_rendezvous(void) {
     // TCP: ranks 1 and 2 start first and retry until rank 0 listens
     RdzvCase tcp = {1, free_tcp_port(), 3, 3, 0, 0, NULL, 20.0};
     int delay[3] = {400, 0, 100};
-    run_rdzv(tcp, 3, NULL, delay, blob, rcs, errs);
+    run_rdzv(tcp, 3, NULL, NULL, delay, blob, rcs, errs);
     CHECK(tcp.port > 0 && rcs[0] == 0 && rcs[1] == 0 && rcs[2] == 0, "TCP rendezvous of 3: exit codes %d %d %d\n%s%s%s",
           rcs[0], rcs[1], rcs[2], errs[0], errs[1], errs[2]);
     // TCP: a stray connection (not the rendezvous' magic: a port scanner, a health check) is ignored
@@ -1972,31 +1973,21 @@ static void test_rendezvous(void) {
     // TCP: two processes claim rank 1 -> refused with a reason
     RdzvCase dup = {1, free_tcp_port(), 3, 3, 0, 0, NULL, 10.0};
     {
-        pid_t pids[3];
-        char ef[3][64];
-        int ranks[3] = {0, 1, 1};
-        for (int i = 0; i < 3; i++) {
-            RdzvCase c = dup;
-            c.rank = ranks[i];
-            c.delay_ms = i == 2 ? 300 : 0;
-            snprintf(ef[i], sizeof ef[i], "/tmp/pdn_rdzv_dup.%d.%d", (int)getpid(), i);
-            pids[i] = spawn_rank(&c, blob, ef[i]);
-        }
-        int rc3[3];
-        for (int i = 0; i < 3; i++) { rc3[i] = wait_rank(pids[i], 40); read_text_file(ef[i], errs[i], 2048); unlink(ef[i]); }
+        int ranks[3] = {0, 1, 1}, ddelay[3] = {0, 0, 300}, rc3[3];
+        run_rdzv(dup, 3, ranks, NULL, ddelay, blob, rc3, errs);
         CHECK(rc3[0] == EXIT_DIST && strstr(errs[0], "two processes claim rank 1") && rc3[2] == EXIT_DIST &&
               strstr(errs[2], "another process already has this rank"), "TCP duplicate rank: rc %d %d %d\n%s%s", rc3[0], rc3[1],
               rc3[2], errs[0], errs[2]);
     }
     // TCP: a rank never comes -> rank 0 gives up at the deadline, naming it
     RdzvCase lone = {1, free_tcp_port(), 2, 2, 0, 0, NULL, 1.0};
-    run_rdzv(lone, 1, NULL, NULL, blob, rcs, errs);
+    run_rdzv(lone, 1, NULL, NULL, NULL, blob, rcs, errs);
     CHECK(rcs[0] == EXIT_DIST && strstr(errs[0], "missing ranks: 1"), "TCP, rank 1 missing: rc %d (want %d), stderr:\n%s",
           rcs[0], EXIT_DIST, errs[0]);
     // TCP: rank 1 thinks the job has 3 processes
     RdzvCase mism = {1, free_tcp_port(), 2, 2, 0, 0, NULL, 10.0};
     int claimed[2] = {2, 3};
-    run_rdzv(mism, 2, claimed, NULL, blob, rcs, errs);
+    run_rdzv(mism, 2, NULL, claimed, NULL, blob, rcs, errs);
     CHECK(rcs[0] == EXIT_DIST && rcs[1] == EXIT_DIST && strstr(errs[0], "says the job has 3 processes") &&
           strstr(errs[1], "job of 2 processes"), "TCP world mismatch: rc %d %d, stderr:\n%s%s", rcs[0], rcs[1], errs[0], errs[1]);
     // file: a crashed earlier run left its hello/id/ack files (other nonces, another blob) in the directory
@@ -2021,7 +2012,7 @@ static void test_rendezvous(void) {
     }
     RdzvCase fc = {0, 0, 3, 3, 0, 0, dir, 20.0};
     int fdelay[3] = {300, 0, 150};
-    run_rdzv(fc, 3, NULL, fdelay, blob, rcs, errs);
+    run_rdzv(fc, 3, NULL, NULL, fdelay, blob, rcs, errs);
     CHECK(rcs[0] == 0 && rcs[1] == 0 && rcs[2] == 0, "file rendezvous over stale files: exit codes %d %d %d (9: a rank took "
           "a stale id)\n%s%s%s", rcs[0], rcs[1], rcs[2], errs[0], errs[1], errs[2]);
     int left = 0;

@@ -817,9 +817,8 @@ __global__ void classifier_kernel(floatX* logits, float* losses, int* argmax, co
     }
 }
 
-// AdamW on one tensor (SPEC §6 weight decay), gradient scaled by grad_scale (clipping). master fp32 is updated;
-// the floatX parameter is its stochastically rounded copy (seed per tensor and step).
-// one element: moments and master weight updated in place, the new master weight returned (one GPU and ZeRO-1 share it)
+// AdamW, one element: moments and master weight updated in place, the new master weight returned (one GPU and
+// ZeRO-1 share it)
 __device__ __forceinline__ float adamw_element(float* master, float* m, float* v, float g, float lr, float beta1, float beta2,
                                                float bc1, float bc2, float eps, float wd) {
     float mi = beta1 * *m + (1.0f - beta1) * g;
@@ -832,6 +831,8 @@ __device__ __forceinline__ float adamw_element(float* master, float* m, float* v
     return p;
 }
 
+// AdamW on one tensor (SPEC §6 weight decay), gradient scaled by grad_scale (clipping). master fp32 is updated;
+// the floatX parameter is its stochastically rounded copy (seed per tensor and step).
 __global__ void adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, long n, float lr,
                              float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
                              unsigned int seed) {
@@ -912,6 +913,22 @@ __global__ void sumsq_final_kernel(float* out, const float* partial, int n) {
     for (int i = threadIdx.x; i < n; i += blockDim.x) { s += partial[i]; }
     s = block_sum(s);
     if (threadIdx.x == 0) { *out = s; }
+}
+
+// sum of g[0 .. n)^2 on main_stream, to the host; scratch: NORM_BLOCKS + 1 floats
+static float sum_squares(const float* g, long n, float* scratch) {
+    sumsq_partial_kernel<<<NORM_BLOCKS, 256, 0, main_stream>>>(scratch, g, n);
+    sumsq_final_kernel<<<1, 256, 0, main_stream>>>(scratch + NORM_BLOCKS, scratch, NORM_BLOCKS);
+    cudaCheck(cudaGetLastError());
+    float s;
+    cudaCheck(cudaMemcpy(&s, scratch + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
+    return s;
+}
+
+// AdamW's bias corrections for the 1-based step being completed
+static void adam_bias_corrections(const TrainConfig* tc, long step, float* bc1, float* bc2) {
+    *bc1 = (float)(1.0 - pow(tc->beta1, (double)step));
+    *bc2 = (float)(1.0 - pow(tc->beta2, (double)step));
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -2506,12 +2523,7 @@ static void dist_sum(double* v, int n) {
 static double dist_loss_and_norm(double* loss, float* norm_scratch) {
     cudaCheck(cudaEventRecord(dist.bwd_end, main_stream));
     cudaCheck(cudaStreamWaitEvent(main_stream, dist.ev_rs1[dist.zp.n_buckets - 1], 0)); // this rank's reduced gradients
-    sumsq_partial_kernel<<<NORM_BLOCKS, 256, 0, main_stream>>>(norm_scratch, dist.sgrad, (long)dist.zp.shard_total);
-    sumsq_final_kernel<<<1, 256, 0, main_stream>>>(norm_scratch + NORM_BLOCKS, norm_scratch, NORM_BLOCKS);
-    cudaCheck(cudaGetLastError());
-    float s;
-    cudaCheck(cudaMemcpy(&s, norm_scratch + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
-    double v[2] = {*loss, (double)s};
+    double v[2] = {*loss, (double)sum_squares(dist.sgrad, (long)dist.zp.shard_total, norm_scratch)};
     dist_sum(v, 2);
     *loss = v[0] / dist.env.world;
     return sqrt(v[1]);
@@ -2527,7 +2539,8 @@ static void dist_adamw(Model* m, const TrainConfig* tc, float lr, long step, flo
         ti.wd[i] = m->lay.t[i].wd ? tc->weight_decay : 0.0f;
         ti.offset[i] = m->lay.t[i].offset;
     }
-    float bc1 = (float)(1.0 - pow(tc->beta1, (double)step)), bc2 = (float)(1.0 - pow(tc->beta2, (double)step));
+    float bc1, bc2;
+    adam_bias_corrections(tc, step, &bc1, &bc2);
     adamw_shard_kernel<<<cdiv((long)zp->shard_total, 256), 256, 0, main_stream>>>(dist.packed_params, m->master, dist.sgrad,
         m->m, m->v, dist.d_segs, zp->n_segs, zp->shard_total, lr, tc->beta1, tc->beta2, bc1, bc2, tc->adam_eps, grad_scale, ti);
     cudaCheck(cudaGetLastError());
@@ -2563,12 +2576,12 @@ static void dist_time_step(void) {
 }
 
 // a full fp32 buffer (flat layout) from every rank's shard: all ranks take part, rank 0 gets it in *out.
-// m->grads is the scratch (free between steps).
+// m->grads is the scratch (free between steps; its alignment gaps are never written, so they stay 0, and the next
+// step zeroes it anyway).
 static void dist_gather_full(Model* m, const float* shard, std::vector<float>* out) {
 #ifdef ENABLE_NCCL
     const ZeroPlan* zp = &dist.zp;
     size_t n = m->lay.num_elems;
-    cudaCheck(cudaMemsetAsync(m->grads, 0, n * sizeof(float), main_stream));
     stream_after_main(dist.stream, dist.opt_done);
     ncclCheck(ncclGroupStart());
     for (int b = 0; b < zp->n_buckets; b++) {
@@ -2583,7 +2596,6 @@ static void dist_gather_full(Model* m, const float* shard, std::vector<float>* o
         out->resize(n);
         cudaCheck(cudaMemcpy(out->data(), m->grads, n * sizeof(float), cudaMemcpyDeviceToHost));
     }
-    cudaCheck(cudaMemset(m->grads, 0, n * sizeof(float)));
 #else
     (void)m; (void)shard; (void)out;
 #endif
@@ -2870,17 +2882,13 @@ static double forward_backward(Model* m, Acts* a, const int* x, const int* y, in
 }
 
 static double grad_norm(Model* m, float* scratch) {
-    sumsq_partial_kernel<<<NORM_BLOCKS, 256, 0, main_stream>>>(scratch, m->grads, (long)m->lay.num_elems);
-    sumsq_final_kernel<<<1, 256, 0, main_stream>>>(scratch + NORM_BLOCKS, scratch, NORM_BLOCKS);
-    cudaCheck(cudaGetLastError());
-    float s;
-    cudaCheck(cudaMemcpy(&s, scratch + NORM_BLOCKS, sizeof(float), cudaMemcpyDeviceToHost));
-    return sqrt((double)s);
+    return sqrt((double)sum_squares(m->grads, (long)m->lay.num_elems, scratch));
 }
 
 // AdamW over every tensor; `step` is the 1-based step being completed (bias correction and rounding seeds)
 static void adamw_update(Model* m, const TrainConfig* tc, float lr, long step, float grad_scale) {
-    float bc1 = (float)(1.0 - pow(tc->beta1, (double)step)), bc2 = (float)(1.0 - pow(tc->beta2, (double)step));
+    float bc1, bc2;
+    adam_bias_corrections(tc, step, &bc1, &bc2);
     for (int i = 0; i < NUM_TENSORS; i++) {
         const PdnTensor* t = &m->lay.t[i];
         if (!t->numel) { continue; }
