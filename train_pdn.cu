@@ -24,6 +24,7 @@ are custom kernels. Padded tokens have q = k = v = 0, beta = 0, g = 0: they chan
 #include <cublas_v2.h>
 #include <cublasLt.h>
 #include <mma.h>
+#include <cuda_pipeline.h>
 #include <vector>
 #include <algorithm>
 #include <atomic>
@@ -79,6 +80,11 @@ template <> __device__ __forceinline__ float fromf<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// 16-byte vectors of floatX for memory-bound kernels (8 bf16 or 4 fp32 per load/store)
+#define XVEC ((int)(16 / sizeof(floatX)))
+struct alignas(16) XPack { floatX v[16 / sizeof(floatX)]; };
+static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // warp and block sums; fixed shuffle order, so deterministic
@@ -313,23 +319,42 @@ __global__ void encoder_backward_kernel(float* dwte, const float* dout, const in
     dwte[(long)bucket_tok[u] * d + c] += s;
 }
 
-// Deterministic column sums: out[m] += Σ_n mat[n, m] over N rows, rows summed in chunks of 256 then the chunk
-// partials in order. partial: scratch of ceil(N/256) * M floats.
+// Deterministic column sums: out[m] += Σ_n mat[n, m] over N rows, rows summed in chunks of COLSUM_ROWS then the
+// chunk partials. Blocks of 32 columns x 8 row lanes: lane y sums rows y, y+8, ... of its range (independent loads,
+// many in flight), then the 8 lane sums are added in order: a fixed order, so the result does not depend on timing.
+// partial: scratch of ceil(N/COLSUM_ROWS) * M floats.
 #define COLSUM_ROWS 256
+__device__ __forceinline__ float colsum_block_reduce(float s) { // (32, 8) block -> total for column threadIdx.x (y == 0)
+    __shared__ float red[8][33];
+    red[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    float t = 0.0f;
+    if (threadIdx.y == 0) {
+        #pragma unroll
+        for (int y = 0; y < 8; y++) { t += red[y][threadIdx.x]; }
+    }
+    return t;
+}
 __global__ void colsum_partial_kernel(float* partial, const float* mat, int N, int M) {
-    int m = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
-    if (m >= M) { return; }
-    float s = 0.0f;
+    int m = blockIdx.x * 32 + threadIdx.x, ch = blockIdx.y;
     int r1 = min(N, (ch + 1) * COLSUM_ROWS);
-    for (int r = ch * COLSUM_ROWS; r < r1; r++) { s += mat[(long)r * M + m]; }
-    partial[(long)ch * M + m] = s;
+    float s = 0.0f;
+    if (m < M) {
+        #pragma unroll 8
+        for (int r = ch * COLSUM_ROWS + threadIdx.y; r < r1; r += 8) { s += mat[(long)r * M + m]; }
+    }
+    s = colsum_block_reduce(s);
+    if (threadIdx.y == 0 && m < M) { partial[(long)ch * M + m] = s; }
 }
 __global__ void colsum_final_kernel(float* out, const float* partial, int nch, int M) {
-    int m = blockIdx.x * blockDim.x + threadIdx.x;
-    if (m >= M) { return; }
+    int m = blockIdx.x * 32 + threadIdx.x;
     float s = 0.0f;
-    for (int c = 0; c < nch; c++) { s += partial[(long)c * M + m]; }
-    out[m] += s;
+    if (m < M) {
+        #pragma unroll 8
+        for (int c = threadIdx.y; c < nch; c += 8) { s += partial[(long)c * M + m]; }
+    }
+    s = colsum_block_reduce(s);
+    if (threadIdx.y == 0 && m < M) { out[m] += s; }
 }
 // partial sums (nch, M) live in a grow-only scratch; kernels that can compute their summands on the fly write the
 // partials themselves (rmsnorm, conv weights) and only call colsum_finish
@@ -344,43 +369,58 @@ static float* colsum_partials(int nch, int M) {
     return colsum_scratch;
 }
 static void colsum_finish(float* out, int nch, int M) {
-    colsum_final_kernel<<<cdiv(M, 128), 128, 0, main_stream>>>(out, colsum_scratch, nch, M);
+    colsum_final_kernel<<<cdiv(M, 32), dim3(32, 8), 0, main_stream>>>(out, colsum_scratch, nch, M);
     cudaCheck(cudaGetLastError());
 }
 static void colsum_add(float* out, const float* mat, long N, int M) {
     int nch = cdiv(N, COLSUM_ROWS);
-    colsum_partial_kernel<<<dim3(cdiv(M, 128), nch), 128, 0, main_stream>>>(colsum_partials(nch, M), mat, (int)N, M);
+    colsum_partial_kernel<<<dim3(cdiv(M, 32), nch), dim3(32, 8), 0, main_stream>>>(colsum_partials(nch, M), mat, (int)N, M);
     colsum_finish(out, nch, M);
 }
 
 // RMSNorm (SPEC §2), optionally fused with the residual add: resid_out = a + b (if b), out = RMSNorm(resid) * w.
-// One warp per row.
+// One warp per row; VEC: lanes over 16-byte vectors (C % XVEC == 0 and aligned rows), else over single elements.
+template <bool VEC>
 __global__ void rmsnorm_forward_kernel(floatX* resid_out, floatX* out, float* rstd, const floatX* a, const floatX* b,
                                        const floatX* w, int N, int C, float eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) { return; }
-    const floatX* pa = a + (long)row * C;
-    const floatX* pb = b ? b + (long)row * C : nullptr;
+    const int W = VEC ? XVEC : 1;
+    long base = (long)row * C;
     float ss = 0.0f;
-    for (int c = lane; c < C; c += 32) {
-        float x = tof(pa[c]);
-        if (pb) {
+    for (int c = lane * W; c < C; c += 32 * W) {
+        XPack xa, xb;
+        if (VEC) { xa = *(const XPack*)(a + base + c); if (b) { xb = *(const XPack*)(b + base + c); } }
+        else { xa.v[0] = a[base + c]; if (b) { xb.v[0] = b[base + c]; } }
+        #pragma unroll
+        for (int k = 0; k < W; k++) {
+            float x = tof(xa.v[k]);
             // round the sum to floatX first: the stored residual is what the next layer and the backward see
-            floatX xs = fromf<floatX>(x + tof(pb[c]));
-            resid_out[(long)row * C + c] = xs;
-            x = tof(xs);
+            if (b) { xa.v[k] = fromf<floatX>(x + tof(xb.v[k])); x = tof(xa.v[k]); }
+            ss += x * x;
         }
-        ss += x * x;
+        if (b) {
+            if (VEC) { *(XPack*)(resid_out + base + c) = xa; } else { resid_out[base + c] = xa.v[0]; }
+        }
     }
     ss = warp_sum(ss);
     float r = rsqrtf(ss / C + eps);
     if (lane == 0) { rstd[row] = r; }
-    const floatX* src = pb ? resid_out + (long)row * C : pa;
-    for (int c = lane; c < C; c += 32) { out[(long)row * C + c] = fromf<floatX>(tof(src[c]) * r * tof(w[c])); }
+    const floatX* src = b ? resid_out : a;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        XPack x, ww, o;
+        if (VEC) { x = *(const XPack*)(src + base + c); ww = *(const XPack*)(w + c); }
+        else { x.v[0] = src[base + c]; ww.v[0] = w[c]; }
+        #pragma unroll
+        for (int k = 0; k < W; k++) { o.v[k] = fromf<floatX>(tof(x.v[k]) * r * tof(ww.v[k])); }
+        if (VEC) { *(XPack*)(out + base + c) = o; } else { out[base + c] = o.v[0]; }
+    }
 }
 static void rmsnorm_forward(floatX* resid_out, floatX* out, float* rstd, const floatX* a, const floatX* b, const floatX* w,
                             long N, int C, float eps) {
-    rmsnorm_forward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(resid_out, out, rstd, a, b, w, (int)N, C, eps);
+    bool vec = C % XVEC == 0 && aligned16(out) && aligned16(a) && aligned16(w) && (!b || (aligned16(b) && aligned16(resid_out)));
+    if (vec) { rmsnorm_forward_kernel<true><<<cdiv(N, 8), 256, 0, main_stream>>>(resid_out, out, rstd, a, b, w, (int)N, C, eps); }
+    else { rmsnorm_forward_kernel<false><<<cdiv(N, 8), 256, 0, main_stream>>>(resid_out, out, rstd, a, b, w, (int)N, C, eps); }
     cudaCheck(cudaGetLastError());
 }
 
@@ -408,23 +448,26 @@ __global__ void rmsnorm_backward_kernel(float* dinp, const float* dout_f, const 
 // the weight's gradient Σ_n dy x rstd: partial sums over chunks of COLSUM_ROWS rows, one thread per column
 __global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dout_f, const floatX* dout_x, const floatX* inp,
                                           const float* inp_f, const float* rstd, int N, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x, ch = blockIdx.y;
-    if (c >= C) { return; }
+    int c = blockIdx.x * 32 + threadIdx.x, ch = blockIdx.y;
     float s = 0.0f;
     int r1 = min(N, (ch + 1) * COLSUM_ROWS);
-    for (int r = ch * COLSUM_ROWS; r < r1; r++) {
-        long i = (long)r * C + c;
-        float dy = dout_f ? dout_f[i] : tof(dout_x[i]);
-        float x = inp_f ? inp_f[i] : tof(inp[i]);
-        s += dy * x * rstd[r];
+    if (c < C) {
+        #pragma unroll 4
+        for (int r = ch * COLSUM_ROWS + threadIdx.y; r < r1; r += 8) {
+            long i = (long)r * C + c;
+            float dy = dout_f ? dout_f[i] : tof(dout_x[i]);
+            float x = inp_f ? inp_f[i] : tof(inp[i]);
+            s += dy * x * rstd[r];
+        }
     }
-    partial[(long)ch * C + c] = s;
+    s = colsum_block_reduce(s);
+    if (threadIdx.y == 0 && c < C) { partial[(long)ch * C + c] = s; }
 }
 static void rmsnorm_backward(float* dinp, float* dw, const float* dout_f, const floatX* dout_x, const floatX* inp,
                              const float* inp_f, const floatX* w, const float* rstd, long N, int C) {
     rmsnorm_backward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(dinp, dout_f, dout_x, inp, inp_f, w, rstd, (int)N, C);
     int nch = cdiv(N, COLSUM_ROWS);
-    rmsnorm_dw_partial_kernel<<<dim3(cdiv(C, 128), nch), 128, 0, main_stream>>>(colsum_partials(nch, C), dout_f, dout_x, inp,
+    rmsnorm_dw_partial_kernel<<<dim3(cdiv(C, 32), nch), dim3(32, 8), 0, main_stream>>>(colsum_partials(nch, C), dout_f, dout_x, inp,
                                                                                inp_f, rstd, (int)N, C);
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, C);
@@ -449,55 +492,66 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
     for (int k = 0; k < nh; k++) { hist[((long)b * nh + k) * Ch + c] = fromf<floatX>(tmp[k]); }
 }
 
-// Fused short convolution + SiLU (+ L2 norm over the head) for the mixer's q, k (norm) and v (no norm): one warp per
-// (b, h, range of CONV_TR tokens), lanes over the head's D channels (D/32 per lane), a register window over the last
-// cs-1 inputs. pre (token-major floatX) keeps the conv output for the backward; out is head-major padded.
+// Fused short convolution + SiLU (+ L2 norm over the head) for the mixer's q, k (norm) and v (no norm). One block of
+// 256 threads per (b, h, tile of CONV_TR tokens): the tile's inputs and the cs-1 before it are staged in shared
+// memory with all loads in flight at once, then each warp takes tokens (independent of each other: no serial chain
+// through time), lanes over the head's D channels (lane, lane+32, ...). pre (token-major floatX) keeps the conv
+// output for the backward; out is head-major padded. pre[t] = Σ_j w[cs-1-j] z[t-j].
 #define CONV_TR 64
 #define CONV_CS_MAX 4    // the SPEC's kernel size; larger ones are refused on the GPU
-// Register arrays are indexed by compile-time constants only (unrolled loops): the newest value sits in slot 0 and
-// the taps are reversed, wrev[j] = w[cs-1-j], so pre[t] = Σ_j wrev[j] z[t-j].
-template <int CONV_CPL_MAX>
-__global__ void __launch_bounds__(128) conv_norm_forward_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
-                                                                 const floatX* w, const floatX* hist, int B, int T, int H,
-                                                                 int D, int cs, int Tp, int norm, float scale) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
-    int cpl = lane < D % 32 ? D / 32 + 1 : D / 32; // channels of this lane: lane, lane + 32, ... below D
-    int t0 = (blockIdx.y * 4 + warp) * CONV_TR;
-    if (t0 >= T) { return; }
-    int t1 = min(T, t0 + CONV_TR);
-    float win[CONV_CPL_MAX][CONV_CS_MAX], wrev[CONV_CPL_MAX][CONV_CS_MAX];
-    #pragma unroll
-    for (int u = 0; u < CONV_CPL_MAX; u++) {
-        int c = h * D + lane + 32 * u;
-        #pragma unroll
-        for (int j = 0; j < CONV_CS_MAX; j++) {
-            wrev[u][j] = (u < cpl && j < cs) ? tof(w[(long)c * cs + cs - 1 - j]) : 0.0f;
-            // before t0: win[j] = z[t0 - 1 - j] (history or zeros before the sequence); shifted once more below
-            int src = t0 - 1 - j;
-            float v = 0.0f;
-            if (u < cpl && j < cs - 1) {
-                if (src >= 0) { v = tof(z[((long)b * T + src) * Ch + c]); }
-                else if (hist) { v = tof(hist[((long)b * (cs - 1) + (cs - 1 + src)) * Ch + c]); }
+#define CONV_THREADS 256
+// Stage rows ta .. ta+nrows-1 (columns c0 .. c0+D-1) of z (B, T, Ch) into zs (nrows, D): rows before 0 from the
+// history (B, cs-1, Ch) or zeros, rows at or after tend zeros. 16-byte loads when D and Ch allow, unrolled so that
+// many are in flight (a plain loop would wait for each load before the next).
+__device__ __forceinline__ void conv_stage(floatX* zs, const floatX* z, const floatX* hist, int b, int T, int Ch, int c0,
+                                           int D, int ta, int nrows, int tend, int cs) {
+    bool vec = D % XVEC == 0 && Ch % XVEC == 0 && c0 % XVEC == 0;
+    int W = vec ? XVEC : 1, per = D / W;
+    #pragma unroll 4
+    for (int i = threadIdx.x; i < nrows * per; i += CONV_THREADS) {
+        int r = i / per, c = (i % per) * W, t = ta + r;
+        const floatX* src = nullptr;
+        if (t >= 0 && t < tend) { src = z + ((long)b * T + t) * Ch + c0 + c; }
+        else if (t < 0 && hist) { src = hist + ((long)b * (cs - 1) + (cs - 1 + t)) * Ch + c0 + c; }
+        if (vec) {
+            XPack v;
+            if (src) { v = *(const XPack*)src; }
+            else {
+                #pragma unroll
+                for (int k = 0; k < XVEC; k++) { v.v[k] = fromf<floatX>(0.0f); }
             }
-            win[u][j] = v;
+            *(XPack*)(zs + r * D + c) = v;
+        } else {
+            zs[r * D + c] = src ? *src : fromf<floatX>(0.0f);
         }
     }
-    for (int t = t0; t < t1; t++) {
-        float o[CONV_CPL_MAX], ss = 0.0f;
+}
+
+template <int CPL>
+__global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
+                                                                          const floatX* w, const floatX* hist, int B, int T,
+                                                                          int H, int D, int cs, int Tp, int norm, float scale) {
+    extern __shared__ float conv_smem[];
+    float* ws = conv_smem;                         // (D, cs) the taps
+    floatX* zs = (floatX*)(ws + D * cs);           // (CONV_TR + cs - 1, D): z[t0 - cs + 1 + r]
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = CONV_THREADS / 32;
+    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
+    int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR), nrows = t1 - t0 + cs - 1;
+    conv_stage(zs, z, hist, b, T, Ch, h * D, D, t0 - (cs - 1), nrows, t1, cs);
+    for (int i = threadIdx.x; i < D * cs; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * cs + i]); }
+    __syncthreads();
+    for (int t = t0 + warp; t < t1; t += nw) {
+        float o[CPL], ss = 0.0f;
+        long it = ((long)b * T + t) * Ch + h * D;
         #pragma unroll
-        for (int u = 0; u < CONV_CPL_MAX; u++) {
+        for (int u = 0; u < CPL; u++) {
+            int c = lane + 32 * u;
             o[u] = 0.0f;
-            if (u >= cpl) { continue; }
-            long it = ((long)b * T + t) * Ch + h * D + lane + 32 * u;
-            #pragma unroll
-            for (int j = CONV_CS_MAX - 1; j > 0; j--) { win[u][j] = win[u][j - 1]; }
-            win[u][0] = tof(z[it]);
+            if (c >= D) { continue; }
             float acc = 0.0f;
-            #pragma unroll
-            for (int j = 0; j < CONV_CS_MAX; j++) { acc += wrev[u][j] * win[u][j]; }
+            for (int j = 0; j < cs; j++) { acc += ws[c * cs + cs - 1 - j] * tof(zs[(t - t0 + cs - 1 - j) * D + c]); }
             floatX px = fromf<floatX>(acc);
-            pre[it] = px;
+            pre[it + c] = px;
             float p = tof(px);
             o[u] = tof(fromf<floatX>(p * sigmoidf_(p))); // rounded like the unfused SiLU output
             ss += o[u] * o[u];
@@ -510,118 +564,137 @@ __global__ void __launch_bounds__(128) conv_norm_forward_kernel(floatX* pre, flo
         }
         long ob = (((long)b * H + h) * Tp + t) * D;
         #pragma unroll
-        for (int u = 0; u < CONV_CPL_MAX; u++) {
-            if (u < cpl) { out[ob + lane + 32 * u] = fromf<floatX>(norm ? o[u] * r * scale : o[u]); }
+        for (int u = 0; u < CPL; u++) {
+            int c = lane + 32 * u;
+            if (c < D) { out[ob + c] = fromf<floatX>(norm ? o[u] * r * scale : o[u]); }
         }
     }
 }
 
-// Backward of the above, in reverse time: dy (head-major fp32, the gradient of out) -> with norm, the L2 norm's
-// backward dx = rstd (scale dy - out (dy·out) / scale); then dpre = dx silu'(pre); dz[s] = Σ_j wrev[j] dpre[s + j]
-// (token-major floatX, for the projection's backward); and the weight gradient dw[k] = Σ_t dpre[t] z[t - cs+1 + k]
-// as partial sums per (b, range): partial (B * ranges, Ch * cs). The cs-1 tokens after the range are a recomputed halo.
-// Windows (register arrays, compile-time indices): dwin[j] = dpre[t + j], zwin[j] = z[t - j]; the next (earlier)
-// token's operands are loaded before the current one is used, so memory latency overlaps the arithmetic.
-template <int CONV_CPL_MAX>
-__global__ void __launch_bounds__(128) conv_norm_backward_kernel(floatX* __restrict__ dz, float* __restrict__ partial,
-                                                                  const float* __restrict__ dy, const floatX* __restrict__ out,
-                                                                  const float* __restrict__ rstd, const floatX* __restrict__ pre,
-                                                                  const floatX* __restrict__ z, const floatX* __restrict__ w,
-                                                                  int B, int T, int H, int D, int cs, int Tp, int norm,
-                                                                  float scale, int nranges) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+// Backward of the above, same tiles: dy (head-major fp32, the gradient of out). Phase 1, a warp per token (the tile
+// and the cs-1 tokens after it, a recomputed halo): with norm the L2 norm's backward dx = rstd (scale dy - out (dy·out)
+// / scale), then dpre = dx silu'(pre), into shared memory. Phase 2, a thread per (channel, token group):
+// dz[s] = Σ_j w[cs-1-j] dpre[s+j] (token-major floatX, for the projection's backward) and the weight gradient
+// dw[cs-1-j] = Σ_t dpre[t] z[t-j], summed over the tile in a fixed order into partial (B * tiles, Ch * cs).
+template <int CPL>
+__global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX* __restrict__ dz, float* __restrict__ partial,
+                                                                           const float* __restrict__ dy, const floatX* __restrict__ out,
+                                                                           const float* __restrict__ rstd, const floatX* __restrict__ pre,
+                                                                           const floatX* __restrict__ z, const floatX* __restrict__ w,
+                                                                           int B, int T, int H, int D, int cs, int Tp, int norm,
+                                                                           float scale, int ntiles) {
+    extern __shared__ float conv_smem[];
+    int nr = CONV_TR + cs - 1;
+    float* dps = conv_smem;                        // (nr, D): dpre[t0 + r], zero at and after T
+    float* ws = dps + nr * D;                      // (D, cs)
+    floatX* zs = (floatX*)(ws + D * cs);           // (nr, D): z[t0 - cs + 1 + r]
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = CONV_THREADS / 32;
     int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
-    int cpl = lane < D % 32 ? D / 32 + 1 : D / 32; // channels of this lane: lane, lane + 32, ... below D
-    int range = blockIdx.y * 4 + warp, t0 = range * CONV_TR;
-    if (t0 >= T) { return; }
-    int t1 = min(T, t0 + CONV_TR), thi = min(T, t1 + cs - 1);
-    float dwin[CONV_CPL_MAX][CONV_CS_MAX], zwin[CONV_CPL_MAX][CONV_CS_MAX], wrev[CONV_CPL_MAX][CONV_CS_MAX];
-    float dwr[CONV_CPL_MAX][CONV_CS_MAX]; // dwr[j] accumulates dw[cs - 1 - j] = Σ dpre[t] z[t - j]
-    #pragma unroll
-    for (int u = 0; u < CONV_CPL_MAX; u++) {
-        int c = h * D + lane + 32 * u;
+    int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR);
+    conv_stage(zs, z, nullptr, b, T, Ch, h * D, D, t0 - (cs - 1), nr, t1, cs);
+    for (int i = threadIdx.x; i < D * cs; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * cs + i]); }
+    // two tokens per warp at a time: both tokens' loads are in flight together
+    for (int r0 = warp; r0 < nr; r0 += 2 * nw) {
+        float dyv[2][CPL], ov[2][CPL], pv[2][CPL], dot[2], rr[2];
         #pragma unroll
-        for (int j = 0; j < CONV_CS_MAX; j++) {
-            dwin[u][j] = 0.0f;
-            dwr[u][j] = 0.0f;
-            wrev[u][j] = (u < cpl && j < cs) ? tof(w[(long)c * cs + cs - 1 - j]) : 0.0f;
-            // z window for the first in-range token t1 - 1 (halo tokens do not need z)
-            int src = t1 - 1 - j;
-            zwin[u][j] = (u < cpl && j < cs && src >= 0) ? tof(z[((long)b * T + src) * Ch + c]) : 0.0f;
-        }
-    }
-    float ndy[CONV_CPL_MAX], nout[CONV_CPL_MAX], npre[CONV_CPL_MAX], nr = 1.0f;
-    // load token TT's operands into the n* registers (a macro, not a lambda: the arrays must stay in registers)
-#define CONV_BWD_LOAD(TT) do { \
-        long ob_ = (((long)b * H + h) * Tp + (TT)) * D, tb_ = ((long)b * T + (TT)) * Ch + h * D + lane; \
-        _Pragma("unroll") for (int u = 0; u < CONV_CPL_MAX; u++) { \
-            ndy[u] = u < cpl ? dy[ob_ + lane + 32 * u] : 0.0f; \
-            nout[u] = (norm && u < cpl) ? tof(out[ob_ + lane + 32 * u]) : 0.0f; \
-            npre[u] = u < cpl ? tof(pre[tb_ + 32 * u]) : 0.0f; \
-        } \
-        if (norm) { nr = rstd[((long)b * T + (TT)) * H + h]; } \
-    } while (0)
-    CONV_BWD_LOAD(thi - 1);
-    for (int t = thi - 1; t >= t0; t--) {
-        float dyv[CONV_CPL_MAX], ov[CONV_CPL_MAX], pv[CONV_CPL_MAX], r = nr, dot = 0.0f;
-        #pragma unroll
-        for (int u = 0; u < CONV_CPL_MAX; u++) { dyv[u] = ndy[u]; ov[u] = nout[u]; pv[u] = npre[u]; dot += dyv[u] * ov[u]; }
-        if (t > t0) { CONV_BWD_LOAD(t - 1); }
-        if (norm) { dot = warp_sum(dot); }
-        long tb = ((long)b * T + t) * Ch + h * D + lane;
-        int src = t - cs; // the z entering the window when it slides one token earlier
-        #pragma unroll
-        for (int u = 0; u < CONV_CPL_MAX; u++) {
-            float dx = norm ? r * (scale * dyv[u] - ov[u] * dot / scale) : dyv[u];
-            float sg = sigmoidf_(pv[u]);
-            float dp = u < cpl ? dx * sg * (1.0f + pv[u] * (1.0f - sg)) : 0.0f;
+        for (int p = 0; p < 2; p++) {
+            int r = r0 + p * nw, t = t0 + r;
+            bool ok = r < nr && t < T;
+            long ob = (((long)b * H + h) * Tp + t) * D, tb = ((long)b * T + t) * Ch + h * D;
+            dot[p] = 0.0f;
+            rr[p] = (ok && norm) ? rstd[((long)b * T + t) * H + h] : 1.0f;
             #pragma unroll
-            for (int j = CONV_CS_MAX - 1; j > 0; j--) { dwin[u][j] = dwin[u][j - 1]; }
-            dwin[u][0] = dp;
-            if (t < t1) {
-                float acc = 0.0f;
-                #pragma unroll
-                for (int j = 0; j < CONV_CS_MAX; j++) { acc += wrev[u][j] * dwin[u][j]; dwr[u][j] += dp * zwin[u][j]; }
-                if (u < cpl) { dz[tb + 32 * u] = fromf<floatX>(acc); }
-                float znew = (u < cpl && src >= 0) ? tof(z[((long)b * T + src) * Ch + h * D + lane + 32 * u]) : 0.0f;
-                #pragma unroll
-                for (int j = 0; j < CONV_CS_MAX; j++) { zwin[u][j] = j + 1 < cs ? zwin[u][j + 1 < CONV_CS_MAX ? j + 1 : j] : (j + 1 == cs ? znew : 0.0f); }
+            for (int u = 0; u < CPL; u++) {
+                int c = lane + 32 * u;
+                bool in = ok && c < D;
+                dyv[p][u] = in ? dy[ob + c] : 0.0f;
+                ov[p][u] = (in && norm) ? tof(out[ob + c]) : 0.0f;
+                pv[p][u] = in ? tof(pre[tb + c]) : 0.0f;
+                dot[p] += dyv[p][u] * ov[p][u];
+            }
+        }
+        if (norm) { dot[0] = warp_sum(dot[0]); dot[1] = warp_sum(dot[1]); }
+        #pragma unroll
+        for (int p = 0; p < 2; p++) {
+            int r = r0 + p * nw;
+            if (r >= nr) { continue; }
+            #pragma unroll
+            for (int u = 0; u < CPL; u++) {
+                int c = lane + 32 * u;
+                if (c >= D) { continue; }
+                // rows at or after T: everything loaded as zero, so dpre = 0
+                float dx = norm ? rr[p] * (scale * dyv[p][u] - ov[p][u] * dot[p] / scale) : dyv[p][u];
+                float sg = sigmoidf_(pv[p][u]);
+                dps[r * D + c] = dx * sg * (1.0f + pv[p][u] * (1.0f - sg));
             }
         }
     }
-    long prow = (long)b * nranges + range;
-    #pragma unroll
-    for (int u = 0; u < CONV_CPL_MAX; u++) {
-        int c = h * D + lane + 32 * u;
-        #pragma unroll
-        for (int j = 0; j < CONV_CS_MAX; j++) {
-            if (u < cpl && j < cs) { partial[prow * Ch * cs + (long)c * cs + cs - 1 - j] = dwr[u][j]; }
+    __syncthreads();
+    // phase 2: G token groups of D threads (D <= 256; G * cs <= nr so that dps can hold the group sums)
+    int G = min(CONV_THREADS / D, nr / cs), c = threadIdx.x % D, g = threadIdx.x / D;
+    float dwr[CONV_CS_MAX] = {0.0f, 0.0f, 0.0f, 0.0f}; // dwr[j]: Σ dpre[t] z[t - j]
+    if (g < G) {
+        for (int s = t0 + g; s < t1; s += G) {
+            int r = s - t0;
+            float acc = 0.0f, dp = dps[r * D + c];
+            #pragma unroll
+            for (int j = 0; j < CONV_CS_MAX; j++) {
+                if (j < cs) {
+                    acc += ws[c * cs + cs - 1 - j] * dps[(r + j) * D + c];
+                    dwr[j] += dp * tof(zs[(r + cs - 1 - j) * D + c]);
+                }
+            }
+            dz[((long)b * T + s) * Ch + h * D + c] = fromf<floatX>(acc);
         }
     }
+    __syncthreads(); // dps is reused for the group sums
+    if (g < G) {
+        #pragma unroll
+        for (int j = 0; j < CONV_CS_MAX; j++) { if (j < cs) { dps[(g * D + c) * cs + j] = dwr[j]; } }
+    }
+    __syncthreads();
+    long prow = (long)b * ntiles + blockIdx.y;
+    for (int i = threadIdx.x; i < D * cs; i += CONV_THREADS) {
+        int cc = i / cs, j = i % cs;
+        float s = 0.0f;
+        for (int q = 0; q < G; q++) { s += dps[(q * D + cc) * cs + j]; }
+        partial[prow * Ch * cs + (long)(h * D + cc) * cs + cs - 1 - j] = s;
+    }
+}
+
+static size_t conv_smem_forward(int D, int cs) {
+    return (size_t)D * cs * sizeof(float) + (size_t)(CONV_TR + cs - 1) * D * sizeof(floatX);
+}
+static size_t conv_smem_backward(int D, int cs) {
+    return (size_t)((CONV_TR + cs - 1) * D + D * cs) * sizeof(float) + (size_t)(CONV_TR + cs - 1) * D * sizeof(floatX);
 }
 
 static void conv_norm_forward(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
                               int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
-    dim3 grid(B * H, cdiv(cdiv(T, CONV_TR), 4));
+    if (!aligned16(z) || (hist && !aligned16(hist))) { fail(EXIT_SYSTEM, "conv: unaligned buffers"); }
+    dim3 grid(B * H, cdiv(T, CONV_TR));
+    size_t sm = conv_smem_forward(D, cs);
     int c = cdiv(D, 32);
-    if (c <= 1) { conv_norm_forward_kernel<1><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
-    else if (c <= 2) { conv_norm_forward_kernel<2><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
-    else if (c <= 4) { conv_norm_forward_kernel<4><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
-    else { conv_norm_forward_kernel<8><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    if (c <= 1) { conv_norm_forward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else if (c <= 2) { conv_norm_forward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else if (c <= 4) { conv_norm_forward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else { conv_norm_forward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
     cudaCheck(cudaGetLastError());
 }
 
 // dz (token-major floatX) and dw += from dy (head-major fp32)
 static void conv_norm_backward(floatX* dz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
                                const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
-    int nranges = cdiv(T, CONV_TR), nch = B * nranges, Ch = H * D;
+    int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
     float* partial = colsum_partials(nch, Ch * cs);
-    dim3 grid(B * H, cdiv(nranges, 4));
+    if (!aligned16(z)) { fail(EXIT_SYSTEM, "conv: unaligned buffers"); }
+    dim3 grid(B * H, ntiles);
+    size_t sm = conv_smem_backward(D, cs);
     int c = cdiv(D, 32);
-    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
-    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
-    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
-    else { conv_norm_backward_kernel<8><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
+    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
+    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
+    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
+    else { conv_norm_backward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
 }
@@ -765,19 +838,55 @@ __global__ void onorm_gate_backward_kernel(floatX* dO, floatX* dgz, float* dgz_f
     }
 }
 
-// SwiGLU (SPEC §2): out = silu(gate) * up
+// SwiGLU (SPEC §2): out = silu(gate) * up. A thread per XVEC elements (16-byte accesses; the arena aligns every
+// buffer, the launchers check it), the last thread takes a partial vector one element at a time.
 __global__ void swiglu_forward_kernel(floatX* out, const floatX* gate, const floatX* up, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * XVEC;
     if (i >= n) { return; }
-    float g = tof(gate[i]);
-    out[i] = fromf<floatX>(g * sigmoidf_(g) * tof(up[i]));
+    if (i + XVEC > n) {
+        for (; i < n; i++) { float gv = tof(gate[i]); out[i] = fromf<floatX>(gv * sigmoidf_(gv) * tof(up[i])); }
+        return;
+    }
+    XPack g = *(const XPack*)(gate + i), u = *(const XPack*)(up + i), o;
+    #pragma unroll
+    for (int k = 0; k < XVEC; k++) {
+        float gv = tof(g.v[k]);
+        o.v[k] = fromf<floatX>(gv * sigmoidf_(gv) * tof(u.v[k]));
+    }
+    *(XPack*)(out + i) = o;
 }
 __global__ void swiglu_backward_kernel(floatX* dgate, floatX* dup, const floatX* dout, const floatX* gate, const floatX* up, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * XVEC;
     if (i >= n) { return; }
-    float g = tof(gate[i]), u = tof(up[i]), s = sigmoidf_(g), d = tof(dout[i]);
-    dgate[i] = fromf<floatX>(d * u * s * (1.0f + g * (1.0f - s)));
-    dup[i] = fromf<floatX>(d * g * s);
+    if (i + XVEC > n) {
+        for (; i < n; i++) {
+            float gv = tof(gate[i]), uv = tof(up[i]), s = sigmoidf_(gv), dv = tof(dout[i]);
+            dgate[i] = fromf<floatX>(dv * uv * s * (1.0f + gv * (1.0f - s)));
+            dup[i] = fromf<floatX>(dv * gv * s);
+        }
+        return;
+    }
+    XPack g = *(const XPack*)(gate + i), u = *(const XPack*)(up + i), d = *(const XPack*)(dout + i), dg, du;
+    #pragma unroll
+    for (int k = 0; k < XVEC; k++) {
+        float gv = tof(g.v[k]), uv = tof(u.v[k]), s = sigmoidf_(gv), dv = tof(d.v[k]);
+        dg.v[k] = fromf<floatX>(dv * uv * s * (1.0f + gv * (1.0f - s)));
+        du.v[k] = fromf<floatX>(dv * gv * s);
+    }
+    *(XPack*)(dgate + i) = dg;
+    *(XPack*)(dup + i) = du;
+}
+static void swiglu_forward(floatX* out, const floatX* gate, const floatX* up, long n) {
+    if (!aligned16(out) || !aligned16(gate) || !aligned16(up)) { fail(EXIT_SYSTEM, "swiglu: unaligned buffers"); }
+    swiglu_forward_kernel<<<cdiv(cdiv(n, XVEC), 256), 256, 0, main_stream>>>(out, gate, up, n);
+    cudaCheck(cudaGetLastError());
+}
+static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dout, const floatX* gate, const floatX* up, long n) {
+    if (!aligned16(dgate) || !aligned16(dup) || !aligned16(dout) || !aligned16(gate) || !aligned16(up)) {
+        fail(EXIT_SYSTEM, "swiglu: unaligned buffers");
+    }
+    swiglu_backward_kernel<<<cdiv(cdiv(n, XVEC), 256), 256, 0, main_stream>>>(dgate, dup, dout, gate, up, n);
+    cudaCheck(cudaGetLastError());
 }
 
 // Fused classifier: per row, softmax cross-entropy without materialising probabilities. losses[n] (0 without a
@@ -1512,28 +1621,68 @@ typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_majo
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 
+// The chunk's operands are staged in shared memory with cp.async one chunk ahead (each buffer refilled as soon as
+// the current chunk is done with it), so no global-memory latency sits on the chunk-to-chunk chain, which is what
+// bounds these kernels. Staged rows are padded (K + 8, 32 + 8 elements) against shared-memory bank conflicts.
+#define SCAN_PADK(K) ((K) + 8)
+#define SCAN_PADV (SCAN_BV + 8)
+#define SCAN_PADF (SCAN_BV + 4)
+// rows x row_bytes from src (row stride src_stride bytes) into dst (row stride dst_stride bytes), 16 bytes a copy
+__device__ __forceinline__ void stage_async(void* dst, int dst_stride, const void* src, long src_stride, int rows, int row_bytes) {
+    int per = row_bytes / 16;
+    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
+        int r = i / per, p = i % per;
+        __pipeline_memcpy_async((char*)dst + (size_t)r * dst_stride + p * 16, (const char*)src + r * src_stride + p * 16, 16);
+    }
+}
+// the chunk's last-row decay: gw floats (1 or K)
+__device__ __forceinline__ void stage_glast(float* dst, const float* G, long row, int gw) {
+    if (gw == 1) {
+        if (threadIdx.x == 0) { __pipeline_memcpy_async(dst, G + row, 4); }
+    } else {
+        stage_async(dst, 0, G + row * gw, 0, 1, gw * 4);
+    }
+}
+static __host__ __device__ size_t scan_align(size_t b) { return (b + 127) / 128 * 128; }
+
+// forward: per chunk, hstate = S; V' = U - W S; S = e^G_last ⊙ S + Kdᵀ V'
 __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, const floatX* W, const floatX* U,
                                                                   const floatX* Kd, const float* G, const float* S0,
                                                                   float* S_final, ChunkShape s) {
-    extern __shared__ __align__(32) unsigned char smem_raw[];
-    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
     int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
-    float* S = (float*)smem_raw;                                   // K x 32 fp32
-    float* Vt = S + K * SCAN_BV;                                   // C x 32 fp32
-    __nv_bfloat16* Sb = (__nv_bfloat16*)(Vt + C * SCAN_BV);        // K x 32
-    __nv_bfloat16* Vb = Sb + K * SCAN_BV;                          // C x 32
+    unsigned char* p = smem_raw;
+    float* S = (float*)p;                    p += scan_align((size_t)K * SCAN_BV * 4);   // K x 32 fp32
+    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_BV * 4);   // C x 32 fp32
+    __nv_bfloat16* Sb = (__nv_bfloat16*)p;   p += scan_align((size_t)K * SCAN_BV * 2);   // K x 32
+    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_BV * 2);   // C x 32
+    __nv_bfloat16* Ws = (__nv_bfloat16*)p;   p += scan_align((size_t)C * kp * 2);        // C x kp   staged W
+    __nv_bfloat16* Kds = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // C x kp   staged Kd
+    __nv_bfloat16* Us = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40   staged U slice
+    float* Gl = (float*)p;                                                               // gw       staged last-row G
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
         int a = e / SCAN_BV, c = e % SCAN_BV;
         S[e] = S0 ? S0[((long)bh * K + a) * V + v0 + c] : 0.0f;
         Sb[e] = __float2bfloat16(S[e]);
     }
-    __syncthreads();
+    // group 1 of a chunk: W; group 2: U, G_last, Kd
+    long rb = (long)bh * s.NC * C;
+    stage_async(Ws, kp * 2, W + rb * K, (long)K * 2, C, K * 2);
+    __pipeline_commit();
+    stage_async(Us, SCAN_PADV * 2, U + rb * V + v0, (long)V * 2, C, SCAN_BV * 2);
+    if (s.gk) { stage_glast(Gl, G, rb + C - 1, gw); }
+    stage_async(Kds, kp * 2, Kd + rb * K, (long)K * 2, C, K * 2);
+    __pipeline_commit();
     int mt = C / 16, kt = K / 16;
     for (int ch = 0; ch < s.NC; ch++) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
+        bool more = ch + 1 < s.NC;
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
             hstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = Sb[e];
         }
+        __pipeline_wait_prior(1); // this chunk's W
+        __syncthreads();
         // Vt = W Sb: (C x K)(K x 32), output tiles (mt x 2)
         for (int t = warp; t < mt * 2; t += SCAN_WARPS_FWD) {
             int i = t / 2, j = t % 2;
@@ -1542,22 +1691,25 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
             for (int k = 0; k < kt; k++) {
                 FragA a;
                 FragB b;
-                wmma::load_matrix_sync(a, W + (r0 + 16 * i) * K + 16 * k, K);
+                wmma::load_matrix_sync(a, Ws + 16 * i * kp + 16 * k, kp);
                 wmma::load_matrix_sync(b, Sb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
                 wmma::mma_sync(acc, a, b, acc);
             }
             wmma::store_matrix_sync(Vt + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
         }
+        __pipeline_wait_prior(0); // this chunk's U, G_last and Kd
         __syncthreads();
+        if (more) { stage_async(Ws, kp * 2, W + (r0 + C) * K, (long)K * 2, C, K * 2); }
+        __pipeline_commit();
         for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) { // V' = U - W S, rounded once
-            long gidx = (r0 + e / SCAN_BV) * V + v0 + e % SCAN_BV;
-            __nv_bfloat16 vx = __float2bfloat16(tof(U[gidx]) - Vt[e]);
+            int i = e / SCAN_BV, c = e % SCAN_BV;
+            __nv_bfloat16 vx = __float2bfloat16(tof(Us[i * SCAN_PADV + c]) - Vt[e]);
             Vb[e] = vx;
-            Vn[gidx] = vx;
+            Vn[(r0 + i) * V + v0 + c] = vx;
         }
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
             int a = e / SCAN_BV;
-            float gl = s.gk ? G[(r0 + C - 1) * gw + (gw > 1 ? a : 0)] : 0.0f;
+            float gl = s.gk ? Gl[gw > 1 ? a : 0] : 0.0f;
             S[e] *= expf(gl);
         }
         __syncthreads();
@@ -1569,13 +1721,20 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
             for (int k = 0; k < mt; k++) {
                 FragAT a;
                 FragB b;
-                wmma::load_matrix_sync(a, Kd + (r0 + 16 * k) * K + 16 * i, K);
+                wmma::load_matrix_sync(a, Kds + 16 * k * kp + 16 * i, kp);
                 wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
                 wmma::mma_sync(acc, a, b, acc);
             }
             wmma::store_matrix_sync(S + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
         }
         __syncthreads();
+        if (more) {
+            long rn = r0 + C;
+            stage_async(Us, SCAN_PADV * 2, U + rn * V + v0, (long)V * 2, C, SCAN_BV * 2);
+            if (s.gk) { stage_glast(Gl, G, rn + C - 1, gw); }
+            stage_async(Kds, kp * 2, Kd + rn * K, (long)K * 2, C, K * 2);
+        }
+        __pipeline_commit();
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { Sb[e] = __float2bfloat16(S[e]); }
         __syncthreads();
     }
@@ -1588,30 +1747,55 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
 __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const float* dVloc,
                                                                    const floatX* dO, const floatX* W, const floatX* Qg,
                                                                    const floatX* Kd, const float* G, float* dS0, ChunkShape s) {
-    extern __shared__ __align__(32) unsigned char smem_raw[];
-    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
     int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
-    float* dS = (float*)smem_raw;                                  // K x 32
-    float* Vt = dS + K * SCAN_BV;                                  // C x 32
-    __nv_bfloat16* dSb = (__nv_bfloat16*)(Vt + C * SCAN_BV);       // K x 32
-    __nv_bfloat16* Vb = dSb + K * SCAN_BV;                         // C x 32
+    unsigned char* p = smem_raw;
+    float* dS = (float*)p;                   p += scan_align((size_t)K * SCAN_BV * 4);   // K x 32
+    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_BV * 4);   // C x 32
+    __nv_bfloat16* dSb = (__nv_bfloat16*)p;  p += scan_align((size_t)K * SCAN_BV * 2);   // K x 32
+    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_BV * 2);   // C x 32
+    __nv_bfloat16* Kds = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // staged Kd
+    __nv_bfloat16* Qgs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // staged Qg
+    __nv_bfloat16* Ws = (__nv_bfloat16*)p;   p += scan_align((size_t)C * kp * 2);        // staged W
+    float* dVl = (float*)p;                  p += scan_align((size_t)C * SCAN_PADF * 4); // staged dVloc slice (C x 36)
+    __nv_bfloat16* dOs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * SCAN_PADV * 2); // staged dO slice (C x 40)
+    float* Gl = (float*)p;                                                               // staged last-row G
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dS[e] = 0.0f; dSb[e] = __float2bfloat16(0.0f); }
-    __syncthreads();
+    // group 1 of a chunk: Kd, dVloc, G_last; group 2: Qg, dO, W
+    auto stage1 = [&](long r) {
+        stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
+        stage_async(dVl, SCAN_PADF * 4, dVloc + r * V + v0, (long)V * 4, C, SCAN_BV * 4);
+        if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
+    };
+    auto stage2 = [&](long r) {
+        stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2);
+        stage_async(dOs, SCAN_PADV * 2, dO + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
+        stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
+    };
+    long rl = ((long)bh * s.NC + s.NC - 1) * C;
+    stage1(rl);
+    __pipeline_commit();
+    stage2(rl);
+    __pipeline_commit();
     int mt = C / 16, kt = K / 16;
     for (int ch = s.NC - 1; ch >= 0; ch--) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
+        bool more = ch > 0;
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
             dhstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dSb[e];
         }
+        __pipeline_wait_prior(1); // this chunk's Kd, dVloc, G_last
+        __syncthreads();
         // dV' = dVloc + Kd dSb: (C x K)(K x 32)
         for (int t = warp; t < mt * 2; t += SCAN_WARPS_BWD) {
             int i = t / 2, j = t % 2;
             FragC acc;
-            wmma::load_matrix_sync(acc, dVloc + (r0 + 16 * i) * V + v0 + 16 * j, V, wmma::mem_row_major);
+            wmma::load_matrix_sync(acc, dVl + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
             for (int k = 0; k < kt; k++) {
                 FragA a;
                 FragB b;
-                wmma::load_matrix_sync(a, Kd + (r0 + 16 * i) * K + 16 * k, K);
+                wmma::load_matrix_sync(a, Kds + 16 * i * kp + 16 * k, kp);
                 wmma::load_matrix_sync(b, dSb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
                 wmma::mma_sync(acc, a, b, acc);
             }
@@ -1625,10 +1809,13 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
         }
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
             int a = e / SCAN_BV;
-            float gl = s.gk ? G[(r0 + C - 1) * gw + (gw > 1 ? a : 0)] : 0.0f;
+            float gl = s.gk ? Gl[gw > 1 ? a : 0] : 0.0f;
             dS[e] *= expf(gl);
         }
+        __pipeline_wait_prior(0); // this chunk's Qg, dO, W
         __syncthreads();
+        if (more) { stage1(r0 - C); } // Kd, dVloc and G_last are free now
+        __pipeline_commit();
         // dS += Qgᵀ dO - Wᵀ dV': (K x C)(C x 32)
         for (int t = warp; t < kt * 2; t += SCAN_WARPS_BWD) {
             int i = t / 2, j = t % 2;
@@ -1638,10 +1825,10 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
             for (int k = 0; k < mt; k++) {
                 FragAT a;
                 FragB b;
-                wmma::load_matrix_sync(a, Qg + (r0 + 16 * k) * K + 16 * i, K);
-                wmma::load_matrix_sync(b, dO + (r0 + 16 * k) * V + v0 + 16 * j, V);
+                wmma::load_matrix_sync(a, Qgs + 16 * k * kp + 16 * i, kp);
+                wmma::load_matrix_sync(b, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
                 wmma::mma_sync(acc, a, b, acc);
-                wmma::load_matrix_sync(a, W + (r0 + 16 * k) * K + 16 * i, K);
+                wmma::load_matrix_sync(a, Ws + 16 * k * kp + 16 * i, kp);
                 wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
                 wmma::mma_sync(neg, a, b, neg);
             }
@@ -1649,6 +1836,8 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
             wmma::store_matrix_sync(dS + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
         }
         __syncthreads();
+        if (more) { stage2(r0 - C); } // Qg, dO and W are free now
+        __pipeline_commit();
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dSb[e] = __float2bfloat16(dS[e]); }
         __syncthreads();
     }
@@ -1663,9 +1852,14 @@ static bool scan_uses_wmma(const ChunkShape& s) {
     return !scan_force_simt && s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 &&
            smem_scan_wmma(s) + 1024 <= (size_t)smem_optin;
 }
-static size_t smem_scan_wmma(const ChunkShape& s) {
-    return (size_t)(s.K + s.C) * SCAN_BV * sizeof(float) + (size_t)(s.K + s.C) * SCAN_BV * 2;
+// the scans' shared memory (the layouts at the top of the kernels); smem_scan_wmma: the larger one
+static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward) {
+    size_t K = s.K, C = s.C, kp = SCAN_PADK(s.K), gw = s.gk ? s.gk : 1;
+    size_t base = scan_align(K * SCAN_BV * 4) + scan_align(C * SCAN_BV * 4) + scan_align(K * SCAN_BV * 2) + scan_align(C * SCAN_BV * 2);
+    if (!backward) { return base + 2 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + gw * 4; }
+    return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADF * 4) + scan_align(C * SCAN_PADV * 2) + gw * 4;
 }
+static size_t smem_scan_wmma(const ChunkShape& s) { return std::max(smem_scan_wmma_dir(s, 0), smem_scan_wmma_dir(s, 1)); }
 #endif
 
 // scalar / no decay: dPm = lower-with-diagonal(dP) ⊙ E (floatX); from dA (fp32, the sum of the two GEMMs):
@@ -1832,10 +2026,13 @@ __global__ void bwd_finish_kernel(float* dq, float* dkh, float* dkt, float* dv, 
                 for (int i = n1; i >= 0; i--) { acc += Gc[i * K + a]; dg[(r0 + i) * K + a] = acc; }
             }
         } else {
-            for (int i = threadIdx.x; i < C; i += blockDim.x) {
+            // a warp per row (a thread per row would read Gc with a stride of K: one bank for the whole warp)
+            int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+            for (int i = warp; i < C; i += nw) {
                 float sr = 0.0f;
-                for (int a = 0; a < K; a++) { sr += Gc[i * K + a]; }
-                rows[i] = sr;
+                for (int a = lane; a < K; a += 32) { sr += Gc[i * K + a]; }
+                sr = warp_sum(sr);
+                if (lane == 0) { rows[i] = sr; }
             }
             __syncthreads();
             if (threadIdx.x == 0) {
@@ -1860,13 +2057,25 @@ __global__ void bwd_finish_kernel(float* dq, float* dkh, float* dkt, float* dv, 
     }
 }
 
-// floatX copy of an fp32 buffer
+// floatX copy of an fp32 buffer, XVEC elements per thread (16-byte stores), a partial vector at the end
 __global__ void to_floatX_kernel(floatX* out, const float* in, long n) {
-    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) { out[i] = fromf<floatX>(in[i]); }
+    long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * XVEC;
+    if (i >= n) { return; }
+    if (i + XVEC > n) {
+        for (; i < n; i++) { out[i] = fromf<floatX>(in[i]); }
+        return;
+    }
+    XPack o;
+    #pragma unroll
+    for (int k = 0; k < XVEC; k += 4) {
+        float4 v = *(const float4*)(in + i + k);
+        o.v[k] = fromf<floatX>(v.x); o.v[k + 1] = fromf<floatX>(v.y); o.v[k + 2] = fromf<floatX>(v.z); o.v[k + 3] = fromf<floatX>(v.w);
+    }
+    *(XPack*)(out + i) = o;
 }
 static void to_floatX(floatX* out, const float* in, long n) {
-    to_floatX_kernel<<<cdiv(n, 256), 256, 0, main_stream>>>(out, in, n);
+    if (!aligned16(out) || !aligned16(in)) { fail(EXIT_SYSTEM, "to_floatX: unaligned buffers"); }
+    to_floatX_kernel<<<cdiv(cdiv(n, XVEC), 256), 256, 0, main_stream>>>(out, in, n);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1910,6 +2119,14 @@ static void mixer_kernel_setup(void) {
     int optin = 0;
     cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
     smem_optin = optin;
+    allow_dynamic_smem(conv_norm_forward_kernel<1>, optin);
+    allow_dynamic_smem(conv_norm_forward_kernel<2>, optin);
+    allow_dynamic_smem(conv_norm_forward_kernel<4>, optin);
+    allow_dynamic_smem(conv_norm_forward_kernel<8>, optin);
+    allow_dynamic_smem(conv_norm_backward_kernel<1>, optin);
+    allow_dynamic_smem(conv_norm_backward_kernel<2>, optin);
+    allow_dynamic_smem(conv_norm_backward_kernel<4>, optin);
+    allow_dynamic_smem(conv_norm_backward_kernel<8>, optin);
     allow_dynamic_smem(scores_channel_kernel, optin);
     allow_dynamic_smem(scores_channel_backward_kernel, optin);
     allow_dynamic_smem(state_forward_kernel, optin);
@@ -1962,7 +2179,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     PROF("mixer.fwd.scan");
 #ifndef ENABLE_FP32
     if (scan_uses_wmma(s)) {
-        state_forward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_FWD, smem_scan_wmma(s), main_stream>>>(
+        state_forward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_FWD, smem_scan_wmma_dir(s, 0), main_stream>>>(
             sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
     } else
 #endif
@@ -1991,7 +2208,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     PROF("mixer.bwd.scan");
 #ifndef ENABLE_FP32
     if (scan_uses_wmma(s)) {
-        state_backward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_BWD, smem_scan_wmma(s), main_stream>>>(
+        state_backward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_BWD, smem_scan_wmma_dir(s, 1), main_stream>>>(
             sc->dhstate, sc->dVn, sc->dVloc, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
     } else
 #endif
@@ -2702,7 +2919,7 @@ static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
         PROF("fwd.mlp");
         matmul_forward(la.mg, la.ln2, PP(T_WGATE, l), nullptr, (int)N, d, I);
         matmul_forward(la.mu, la.ln2, PP(T_WUP, l), nullptr, (int)N, d, I);
-        swiglu_forward_kernel<<<cdiv(N * I, 256), 256, 0, main_stream>>>(la.ma, la.mg, la.mu, N * I);
+        swiglu_forward(la.ma, la.mg, la.mu, N * I);
         matmul_forward(a->ymlp, la.ma, PP(T_WDOWN, l), nullptr, (int)N, I, d);
         floatX* xo = a->resid + (long)(l + 1) * N * d;
         if (l + 1 < L) {
@@ -2739,7 +2956,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         { PROF("bwd.mlp+norm");
         to_floatX(g.dresid_x, g.dresid, N * d);
         matmul_backward(g.dma_x, DINP_SETX, GG(T_WDOWN, l), g.dresid_x, la.ma, PP(T_WDOWN, l), (int)N, I, d);
-        swiglu_backward_kernel<<<cdiv(N * I, 256), 256, 0, main_stream>>>(g.dmg_x, g.dmu_x, g.dma_x, la.mg, la.mu, N * I);
+        swiglu_backward(g.dmg_x, g.dmu_x, g.dma_x, la.mg, la.mu, N * I);
         matmul_backward(g.dln2, DINP_SET, GG(T_WGATE, l), g.dmg_x, la.ln2, PP(T_WGATE, l), (int)N, d, I);
         matmul_backward(g.dln2, DINP_ADD, GG(T_WUP, l), g.dmu_x, la.ln2, PP(T_WUP, l), (int)N, d, I);
         cudaCheck(cudaMemcpyAsync(g.dh, g.dresid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
