@@ -1860,6 +1860,283 @@ static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward) {
     return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADF * 4) + scan_align(C * SCAN_PADV * 2) + gw * 4;
 }
 static size_t smem_scan_wmma(const ChunkShape& s) { return std::max(smem_scan_wmma_dir(s, 0), smem_scan_wmma_dir(s, 1)); }
+
+// Channel-decay scores on tensor cores (bf16 build; the fp32 build keeps the exact FMA kernels above, which remain the
+// reference for these). Same decomposition into 16-token sub-blocks, but the off-diagonal sub-block pairs (I > J) are
+// bf16 WMMA products of pre-scaled rows, anchored where no factor exceeds 1:
+//   rows side (dq, dk̂, and the forward): anchor f = the first token of I: k̂_I ⊙ e^(G_I - G_f), q̂_I ⊙ e^(G_I - G_f),
+//     k̃_J ⊙ e^(G_f - G_J), and the row scale e^(G_i - G_f) after the product;
+//   columns side (dk̃): anchor r = the last token of J: q̂_I ⊙ e^(G_I - G_r), k̂_I ⊙ e^(G_I - G_r), and the scale
+//     e^(G_r - G_j) after the product (summed over I > J in the same accumulators: the scale depends on J only).
+// The diagonal 16 x 16 blocks keep one exp per (i, j, channel) in fp32. Row strides are padded (bank conflicts);
+// the three kernels fit two or three blocks per multiprocessor at K = 128.
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBT;
+#define SC_LG(K) ((K) + 1) // fp32 G rows
+#define SC_LK(K) ((K) + 8) // bf16 rows of K (WMMA operands: a multiple of 8)
+#define SC_LC(C) ((C) + 8) // bf16 rows of C
+#define SC_LO(K) ((K) + 4) // fp32 product tiles
+struct ScoresSmem { size_t g, kt, qk, dpx, diag, sub, out, total; };
+// byte sizes of the pieces; which kernel uses which is in the kernels
+static __host__ __device__ ScoresSmem scores_tc_smem(int C, int K, int which) {
+    ScoresSmem z;
+    z.g = scan_align((size_t)C * SC_LG(K) * 4);
+    z.kt = scan_align((size_t)C * SC_LK(K) * 2);
+    z.qk = 2 * z.kt;                                           // q̂ and k̂ of the chunk (dk̃ kernel)
+    z.dpx = 2 * scan_align((size_t)C * SC_LC(C) * 2);          // dP, dM in bf16
+    z.diag = 2 * scan_align((size_t)C * SUB * 4);              // their diagonal blocks in fp32
+    z.sub = scan_align((size_t)SUB * SC_LK(K) * 2);            // one 16-row bf16 operand
+    z.out = scan_align((size_t)SUB * SC_LO(K) * 4);            // one 16 x K fp32 product
+    if (which == 0) { z.total = z.g + z.kt + 3 * z.sub + 2 * scan_align((size_t)SUB * C * 4); }   // forward
+    else if (which == 1) { z.total = z.g + z.kt + z.dpx + z.diag + z.sub + 2 * z.out; }          // dq, dk̂
+    else { z.total = z.g + z.qk + z.dpx + z.diag + 2 * z.sub + z.out; }                          // dk̃
+    return z;
+}
+// chunk rows of G (fp32) and of a floatX tensor into padded shared rows
+__device__ __forceinline__ void sc_stage_g(float* g_s, const float* G, long r0, int C, int K) {
+    for (int e = threadIdx.x; e < C * K; e += blockDim.x) { g_s[(e / K) * SC_LG(K) + e % K] = G[r0 * K + e]; }
+}
+__device__ __forceinline__ void sc_stage_x(__nv_bfloat16* d, const floatX* X, long r0, int rows, int K) {
+    for (int e = threadIdx.x; e < rows * K; e += blockDim.x) { d[(e / K) * SC_LK(K) + e % K] = X[r0 * K + e]; }
+}
+// dP (lower with diagonal) and dM = beta_i dA (strict lower): bf16 copies for the products, fp32 diagonal blocks
+// (row i, column j - start of i's sub-block) for the exact part
+__device__ __forceinline__ void sc_stage_dpdm(__nv_bfloat16* dpx, __nv_bfloat16* dmx, float* dpd, float* dmd, const float* dP,
+                                              const float* dA, const float* beta, long q, long r0, int C) {
+    int lc = SC_LC(C);
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
+        int i = e / C, j = e % C;
+        float vp = j <= i ? dP[q * C * C + e] : 0.0f, vm = j < i ? beta[r0 + i] * dA[q * C * C + e] : 0.0f;
+        dpx[i * lc + j] = __float2bfloat16(vp);
+        dmx[i * lc + j] = __float2bfloat16(vm);
+        if (j / SUB == i / SUB) { dpd[i * SUB + j % SUB] = vp; dmd[i * SUB + j % SUB] = vm; }
+    }
+}
+
+__global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float* A, floatX* P, const floatX* Q, const floatX* Kh,
+                                                               const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, nb = C / SUB, lg = SC_LG(K), lk = SC_LK(K), warp = threadIdx.x / 32;
+    ScoresSmem z = scores_tc_smem(C, K, 0);
+    unsigned char* p = smem_raw;
+    float* g_s = (float*)p;                  p += z.g;
+    __nv_bfloat16* kt_s = (__nv_bfloat16*)p; p += z.kt;
+    __nv_bfloat16* qI = (__nv_bfloat16*)p;   p += z.sub;   // q̂ rows of I, then scaled in place
+    __nv_bfloat16* kI = (__nv_bfloat16*)p;   p += z.sub;   // k̂ rows of I, then scaled in place
+    __nv_bfloat16* bh = (__nv_bfloat16*)p;   p += z.sub;   // k̃_J ⊙ e^(G_f - G_J)
+    float* oM = (float*)p;                   p += scan_align((size_t)SUB * C * 4); // rows of I: Mk
+    float* oP = (float*)p;                                                          // rows of I: P
+    long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
+    sc_stage_g(g_s, G, r0, C, K);
+    sc_stage_x(kt_s, Kt, r0, C, K);
+    for (int I = 0; I < nb; I++) {
+        int f = I * SUB;
+        __syncthreads(); // the previous I's rows are written out; qI, kI, oM, oP are free
+        sc_stage_x(qI, Q, r0 + f, SUB, K);
+        sc_stage_x(kI, Kh, r0 + f, SUB, K);
+        for (int e = threadIdx.x; e < SUB * C; e += blockDim.x) {
+            if (e % C >= f + SUB) { oM[e] = 0.0f; oP[e] = 0.0f; } // above the diagonal
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < SUB * SUB; e += blockDim.x) { // the diagonal block, exact
+            int i = e / SUB, j = e % SUB;
+            float m = 0.0f, pp = 0.0f;
+            if (j <= i) {
+                const float* gi = g_s + (f + i) * lg;
+                const float* gj = g_s + (f + j) * lg;
+                for (int c = 0; c < K; c++) {
+                    float ex = expf(gi[c] - gj[c]) * __bfloat162float(kt_s[(f + j) * lk + c]);
+                    m += __bfloat162float(kI[i * lk + c]) * ex;
+                    pp += __bfloat162float(qI[i * lk + c]) * ex;
+                }
+            }
+            oM[i * C + f + j] = j < i ? m : 0.0f;
+            oP[i * C + f + j] = pp;
+        }
+        if (I > 0) {
+        __syncthreads(); // the diagonal is done with the unscaled rows
+        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+            int i = e / K, c = e % K;
+            float ex = expf(g_s[(f + i) * lg + c] - g_s[f * lg + c]);
+            qI[i * lk + c] = __float2bfloat16(__bfloat162float(qI[i * lk + c]) * ex);
+            kI[i * lk + c] = __float2bfloat16(__bfloat162float(kI[i * lk + c]) * ex);
+        }
+        for (int J = 0; J < I; J++) {
+            __syncthreads(); // the previous J's products are done with bh
+            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+                int j = e / K, c = e % K, rj = J * SUB + j;
+                bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * expf(g_s[f * lg + c] - g_s[rj * lg + c]));
+            }
+            __syncthreads();
+            if (warp < 2) { // warp 0: Mk_IJ = (k̂ scaled)(k̃ scaled)ᵀ, warp 1: P_IJ = (q̂ scaled)(k̃ scaled)ᵀ
+                FragC acc;
+                wmma::fill_fragment(acc, 0.0f);
+                for (int k = 0; k < K / 16; k++) {
+                    FragA a;
+                    FragBT b;
+                    wmma::load_matrix_sync(a, (warp == 0 ? kI : qI) + 16 * k, lk);
+                    wmma::load_matrix_sync(b, bh + 16 * k, lk);
+                    wmma::mma_sync(acc, a, b, acc);
+                }
+                wmma::store_matrix_sync((warp == 0 ? oM : oP) + J * SUB, acc, C, wmma::mem_row_major);
+            }
+        }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < SUB * C; e += blockDim.x) {
+            int row = f + e / C;
+            long o = o0 + (long)row * C + e % C;
+            Mk[o] = oM[e];
+            A[o] = beta[r0 + row] * oM[e];
+            P[o] = fromf<floatX>(oP[e]);
+        }
+    }
+}
+// backward, rows side: dq_s_i = Σ_{j<=i} dP_ij k̃_j ⊙ e^(G_i - G_j), dk̂_s_i = Σ_{j<i} dM_ij k̃_j ⊙ e^(G_i - G_j) (dM = beta dA),
+// and dbetaA_i = Σ_j dA_ij Mk_ij. Each warp owns output tiles n = warp, warp + 8 (K <= 256) across the J loop.
+__global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, float* dkh_s, float* dbetaA, const float* dP,
+                                                                  const float* dA, const float* Mk, const floatX* Kt,
+                                                                  const float* G, const float* beta, ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, nb = C / SUB, lg = SC_LG(K), lk = SC_LK(K), lc = SC_LC(C), lo = SC_LO(K), nt = K / 16;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    ScoresSmem z = scores_tc_smem(C, K, 1);
+    unsigned char* p = smem_raw;
+    float* g_s = (float*)p;                  p += z.g;
+    __nv_bfloat16* kt_s = (__nv_bfloat16*)p; p += z.kt;
+    __nv_bfloat16* dpx = (__nv_bfloat16*)p;  p += z.dpx / 2;
+    __nv_bfloat16* dmx = (__nv_bfloat16*)p;  p += z.dpx / 2;
+    float* dpd = (float*)p;                  p += z.diag / 2;
+    float* dmd = (float*)p;                  p += z.diag / 2;
+    __nv_bfloat16* bh = (__nv_bfloat16*)p;   p += z.sub;
+    float* oq = (float*)p;                   p += z.out;
+    float* ok = (float*)p;
+    long q = blockIdx.x, r0 = q * C;
+    sc_stage_g(g_s, G, r0, C, K);
+    sc_stage_x(kt_s, Kt, r0, C, K);
+    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, q, r0, C);
+    for (int i = warp; i < C; i += 8) { // dbetaA, a warp per row
+        float db = 0.0f;
+        for (int j = lane; j < i; j += 32) { db += dA[q * C * C + (long)i * C + j] * Mk[q * C * C + (long)i * C + j]; }
+        db = warp_sum(db);
+        if (lane == 0) { dbetaA[r0 + i] = db; }
+    }
+    for (int I = 0; I < nb; I++) {
+        int f = I * SUB;
+        FragC accq[2], acck[2];
+        for (int t = 0; t < 2; t++) { wmma::fill_fragment(accq[t], 0.0f); wmma::fill_fragment(acck[t], 0.0f); }
+        for (int J = 0; J < I; J++) {
+            __syncthreads(); // bh is free (and, the first time, the staging above is complete)
+            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+                int j = e / K, c = e % K, rj = J * SUB + j;
+                bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * expf(g_s[f * lg + c] - g_s[rj * lg + c]));
+            }
+            __syncthreads();
+            FragA ap, am;
+            wmma::load_matrix_sync(ap, dpx + f * lc + J * SUB, lc);
+            wmma::load_matrix_sync(am, dmx + f * lc + J * SUB, lc);
+            for (int t = 0; t < 2; t++) {
+                int n = warp + 8 * t;
+                if (n >= nt) { break; }
+                FragB b;
+                wmma::load_matrix_sync(b, bh + 16 * n, lk);
+                wmma::mma_sync(accq[t], ap, b, accq[t]);
+                wmma::mma_sync(acck[t], am, b, acck[t]);
+            }
+        }
+        __syncthreads(); // oq, ok are free; the staging is complete (I = 0)
+        for (int t = 0; t < 2; t++) {
+            int n = warp + 8 * t;
+            if (n >= nt) { break; }
+            wmma::store_matrix_sync(oq + 16 * n, accq[t], lo, wmma::mem_row_major);
+            wmma::store_matrix_sync(ok + 16 * n, acck[t], lo, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) { // the diagonal block, exact, plus the scaled products
+            int i = e / K, c = e % K, ri = f + i;
+            float gi = g_s[ri * lg + c], aq = 0.0f, ak = 0.0f;
+            for (int jj = 0; jj <= i; jj++) {
+                int rj = f + jj;
+                float ex = expf(gi - g_s[rj * lg + c]) * __bfloat162float(kt_s[rj * lk + c]);
+                aq += dpd[ri * SUB + jj] * ex;
+                ak += dmd[ri * SUB + jj] * ex;
+            }
+            float sc = expf(gi - g_s[f * lg + c]);
+            long idx = (r0 + ri) * K + c;
+            dq_s[idx] = aq + sc * oq[i * lo + c];
+            dkh_s[idx] = ak + sc * ok[i * lo + c];
+        }
+    }
+}
+
+// backward, columns side: dk̃_s_j = Σ_{i>=j} (dP_ij q̂_i + dM_ij k̂_i) ⊙ e^(G_i - G_j)
+__global__ void __launch_bounds__(256) scores_channel_dkt_tc_kernel(float* dkt_s, const float* dP, const float* dA, const floatX* Q,
+                                                                   const floatX* Kh, const float* G, const float* beta,
+                                                                   ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, nb = C / SUB, lg = SC_LG(K), lk = SC_LK(K), lc = SC_LC(C), lo = SC_LO(K), nt = K / 16;
+    int warp = threadIdx.x / 32;
+    ScoresSmem z = scores_tc_smem(C, K, 2);
+    unsigned char* p = smem_raw;
+    float* g_s = (float*)p;                  p += z.g;
+    __nv_bfloat16* q_s = (__nv_bfloat16*)p;  p += z.kt;
+    __nv_bfloat16* kh_s = (__nv_bfloat16*)p; p += z.kt;
+    __nv_bfloat16* dpx = (__nv_bfloat16*)p;  p += z.dpx / 2;
+    __nv_bfloat16* dmx = (__nv_bfloat16*)p;  p += z.dpx / 2;
+    float* dpd = (float*)p;                  p += z.diag / 2;
+    float* dmd = (float*)p;                  p += z.diag / 2;
+    __nv_bfloat16* qh = (__nv_bfloat16*)p;   p += z.sub;
+    __nv_bfloat16* khh = (__nv_bfloat16*)p;  p += z.sub;
+    float* ot = (float*)p;
+    long q = blockIdx.x, r0 = q * C;
+    sc_stage_g(g_s, G, r0, C, K);
+    sc_stage_x(q_s, Q, r0, C, K);
+    sc_stage_x(kh_s, Kh, r0, C, K);
+    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, q, r0, C);
+    for (int J = 0; J < nb; J++) {
+        int r = J * SUB + SUB - 1;
+        FragC acc[2];
+        for (int t = 0; t < 2; t++) { wmma::fill_fragment(acc[t], 0.0f); }
+        for (int I = J + 1; I < nb; I++) {
+            __syncthreads(); // qh, khh are free (and, the first time, the staging is complete)
+            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+                int i = e / K, c = e % K, ri = I * SUB + i;
+                float ex = expf(g_s[ri * lg + c] - g_s[r * lg + c]);
+                qh[i * lk + c] = __float2bfloat16(__bfloat162float(q_s[ri * lk + c]) * ex);
+                khh[i * lk + c] = __float2bfloat16(__bfloat162float(kh_s[ri * lk + c]) * ex);
+            }
+            __syncthreads();
+            FragAT ap, am; // dP_IJᵀ, dM_IJᵀ: the (i, j) blocks read column-major
+            wmma::load_matrix_sync(ap, dpx + I * SUB * lc + J * SUB, lc);
+            wmma::load_matrix_sync(am, dmx + I * SUB * lc + J * SUB, lc);
+            for (int t = 0; t < 2; t++) {
+                int n = warp + 8 * t;
+                if (n >= nt) { break; }
+                FragB b;
+                wmma::load_matrix_sync(b, qh + 16 * n, lk);
+                wmma::mma_sync(acc[t], ap, b, acc[t]);
+                wmma::load_matrix_sync(b, khh + 16 * n, lk);
+                wmma::mma_sync(acc[t], am, b, acc[t]);
+            }
+        }
+        __syncthreads(); // ot is free; the staging is complete (J = nb - 1)
+        for (int t = 0; t < 2; t++) {
+            int n = warp + 8 * t;
+            if (n >= nt) { break; }
+            wmma::store_matrix_sync(ot + 16 * n, acc[t], lo, wmma::mem_row_major);
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
+            int j = e / K, c = e % K, rj = J * SUB + j;
+            float gj = g_s[rj * lg + c], at = 0.0f;
+            for (int rr = j; rr < SUB; rr++) {
+                int ri = J * SUB + rr;
+                float ex = expf(g_s[ri * lg + c] - gj);
+                at += (dpd[ri * SUB + j] * __bfloat162float(q_s[ri * lk + c]) + dmd[ri * SUB + j] * __bfloat162float(kh_s[ri * lk + c])) * ex;
+            }
+            dkt_s[(r0 + rj) * K + c] = at + expf(g_s[r * lg + c] - gj) * ot[j * lo + c];
+        }
+    }
+}
 #endif
 
 // scalar / no decay: dPm = lower-with-diagonal(dP) ⊙ E (floatX); from dA (fp32, the sum of the two GEMMs):
@@ -2133,12 +2410,24 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(state_backward_kernel, optin);
     allow_dynamic_smem(bwd_finish_kernel, optin);
 #ifndef ENABLE_FP32
+    allow_dynamic_smem(scores_channel_tc_kernel, optin);
+    allow_dynamic_smem(scores_channel_dq_tc_kernel, optin);
+    allow_dynamic_smem(scores_channel_dkt_tc_kernel, optin);
     allow_dynamic_smem(state_forward_wmma_kernel, optin);
     allow_dynamic_smem(state_backward_wmma_kernel, optin);
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
     allow_dynamic_smem(precond_exact_backward_kernel, optin);
 }
+
+#ifndef ENABLE_FP32
+static int scores_force_fma = 0; // the kernel lab sets it to check and time the fp32 FMA channel scores in the bf16 build
+static bool scores_use_tc(const ChunkShape& s) {
+    size_t need = 0;
+    for (int w = 0; w < 3; w++) { need = std::max(need, scores_tc_smem(s.C, s.K, w).total); }
+    return !scores_force_fma && s.gk > 1 && s.K % 16 == 0 && s.K <= 256 && s.C % SUB == 0 && need + 1024 <= (size_t)smem_optin;
+}
+#endif
 
 // Forward of the mixer core: Q (q̂ scaled), Kh (k̂), Kt (k̃), Vv, beta, g (null without decay) -> sv->O (and the
 // tensors the backward needs). S0 / S_final (B,H,K,V fp32) optional (generation).
@@ -2157,6 +2446,12 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     {
     PROF("mixer.fwd.scores");
     if (s.gk > 1) {
+#ifndef ENABLE_FP32
+        if (scores_use_tc(s)) {
+            scores_channel_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 0).total, main_stream>>>(sv->Mk, sc->A, sv->P, Q, Kh, Kt,
+                                                                                             sv->G, beta, s);
+        } else
+#endif
         scores_channel_kernel<<<nq, 256, smem_scores_channel(s), main_stream>>>(sv->Mk, sc->A, sv->P, Q, Kh, Kt, sv->G, beta, s);
     } else {
         bgemm(false, true, C, C, K, Kh, K, CK, Kt, K, CK, sc->Mraw, true, C, CC, nq, 1.0f, 0.0f);
@@ -2233,6 +2528,14 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     {
     PROF("mixer.bwd.scores");
     if (s.gk > 1) {
+#ifndef ENABLE_FP32
+        if (scores_use_tc(s)) {
+            scores_channel_dq_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 1).total, main_stream>>>(
+                sc->dq_s, sc->dkh_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Kt, sv->G, beta, s);
+            scores_channel_dkt_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 2).total, main_stream>>>(
+                sc->dkt_s, sc->dP, sc->dA, Q, Kh, sv->G, beta, s);
+        } else
+#endif
         scores_channel_backward_kernel<<<nq, 256, smem_scores_channel_bwd(s), main_stream>>>(
             sc->dq_s, sc->dkh_s, sc->dkt_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Q, Kh, Kt, sv->G, beta, s);
         cudaCheck(cudaGetLastError());
