@@ -424,9 +424,12 @@ static void rmsnorm_forward(floatX* resid_out, floatX* out, float* rstd, const f
     cudaCheck(cudaGetLastError());
 }
 
-// dinp (fp32) += RMSNorm backward. dout is fp32 (dout_f) or floatX (dout_x), whichever is given.
-__global__ void rmsnorm_backward_kernel(float* dinp, const float* dout_f, const floatX* dout_x,
-                                        const floatX* inp, const float* inp_f, const floatX* w, const float* rstd,
+// dinp (fp32) += RMSNorm backward, or dinp = dbase + RMSNorm backward when dbase is given (the residual stream's
+// gradient passed through without a copy); dinp_x (optional) gets a floatX copy of the new dinp (a GEMM operand).
+// dout is fp32 (dout_f) or floatX (dout_x), whichever is given.
+__global__ void rmsnorm_backward_kernel(float* __restrict__ dinp, const float* __restrict__ dbase, floatX* __restrict__ dinp_x,
+                                        const float* __restrict__ dout_f, const floatX* __restrict__ dout_x,
+                                        const floatX* __restrict__ inp, const float* __restrict__ inp_f, const floatX* __restrict__ w, const float* __restrict__ rstd,
                                         int N, int C) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= N) { return; }
@@ -442,7 +445,9 @@ __global__ void rmsnorm_backward_kernel(float* dinp, const float* dout_f, const 
     for (int c = lane; c < C; c += 32) {
         float dy = dout_f ? dout_f[base + c] : tof(dout_x[base + c]);
         float x = inp_f ? inp_f[base + c] : tof(inp[base + c]);
-        dinp[base + c] += r * dy * tof(w[c]) - k * x;
+        float v = (dbase ? dbase[base + c] : dinp[base + c]) + (r * dy * tof(w[c]) - k * x);
+        dinp[base + c] = v;
+        if (dinp_x) { dinp_x[base + c] = fromf<floatX>(v); }
     }
 }
 // the weight's gradient Σ_n dy x rstd: partial sums over chunks of COLSUM_ROWS rows, one thread per column
@@ -464,8 +469,9 @@ __global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dout_f, c
     if (threadIdx.y == 0 && c < C) { partial[(long)ch * C + c] = s; }
 }
 static void rmsnorm_backward(float* dinp, float* dw, const float* dout_f, const floatX* dout_x, const floatX* inp,
-                             const float* inp_f, const floatX* w, const float* rstd, long N, int C) {
-    rmsnorm_backward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(dinp, dout_f, dout_x, inp, inp_f, w, rstd, (int)N, C);
+                             const float* inp_f, const floatX* w, const float* rstd, long N, int C,
+                             const float* dbase = nullptr, floatX* dinp_x = nullptr) {
+    rmsnorm_backward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(dinp, dbase, dinp_x, dout_f, dout_x, inp, inp_f, w, rstd, (int)N, C);
     int nch = cdiv(N, COLSUM_ROWS);
     rmsnorm_dw_partial_kernel<<<dim3(cdiv(C, 32), nch), dim3(32, 8), 0, main_stream>>>(colsum_partials(nch, C), dout_f, dout_x, inp,
                                                                                inp_f, rstd, (int)N, C);
@@ -721,8 +727,8 @@ static void gate_forward(float* out, const floatX* pre, const floatX* a_log, con
 // backward, one thread per element: dout (head-major fp32) -> dpre (token-major floatX, for the projection) and, for
 // the decay (kind 1), dpre_f (fp32: summed over tokens it is dt_bias's gradient) and alog_el = dout * out (summed over
 // tokens and the head's channels it is A_log's gradient)
-__global__ void gate_backward_kernel(floatX* dpre, float* dpre_f, float* alog_el, const float* dout, const float* out,
-                                     const floatX* pre, const floatX* a_log, const floatX* dt_bias, int kind, float bmax,
+__global__ void gate_backward_kernel(floatX* __restrict__ dpre, float* __restrict__ dpre_f, float* __restrict__ alog_el, const float* __restrict__ dout, const float* __restrict__ out,
+                                     const floatX* __restrict__ pre, const floatX* __restrict__ a_log, const floatX* __restrict__ dt_bias, int kind, float bmax,
                                      int B, int T, int H, int gw, int Tp) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * T * H * gw) { return; }
@@ -797,9 +803,9 @@ __global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, c
 // mixer's output gradient). o_norm's gradient Σ_rows dn o rstd: each block (8 warps, a row per warp at a time) sums
 // ONORM_ROWS rows into partial[block] (V) in a fixed order; colsum_finish adds the blocks.
 #define ONORM_ROWS 64
-__global__ void onorm_gate_backward_kernel(floatX* dO, floatX* dgz, float* dgz_f, float* partial, const float* dog,
-                                           const float* o, const floatX* on, const floatX* w, const floatX* gz,
-                                           const float* rstd, int B, int T, int H, int V, int Tp) {
+__global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __restrict__ dgz, float* __restrict__ dgz_f, float* __restrict__ partial, const float* __restrict__ dog,
+                                           const float* __restrict__ o, const floatX* __restrict__ on, const floatX* __restrict__ w, const floatX* __restrict__ gz,
+                                           const float* __restrict__ rstd, int B, int T, int H, int V, int Tp) {
     __shared__ float wsum[8][256 + 1]; // per warp, per column (V <= 256)
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     for (int j = lane; j < V; j += 32) { wsum[warp][j] = 0.0f; }
@@ -892,15 +898,25 @@ static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dout, cons
 // Fused classifier: per row, softmax cross-entropy without materialising probabilities. losses[n] (0 without a
 // target); with dscale != 0 the logits row is overwritten by dlogits = (softmax - onehot) * dscale (rows without
 // a target get zeros); argmax (optional) gets the row's argmax for accuracy.
+template <bool VEC>
 __global__ void classifier_kernel(floatX* logits, float* losses, int* argmax, const int* targets, int Vv, float dscale) {
     long row = blockIdx.x;
     floatX* x = logits + row * Vv;
     int t = targets[row];
-    float mx = -INFINITY;
+    const int W = VEC ? XVEC : 1;
+    // one pass for the max, its first index and the sum of exponentials (online: the sum is rescaled when the max
+    // grows), 16-byte loads when the row allows
+    float mx = -INFINITY, s = 0.0f;
     int best = 0;
-    for (int i = threadIdx.x; i < Vv; i += blockDim.x) {
-        float v = tof(x[i]);
-        if (v > mx) { mx = v; best = i; }
+    for (int i0 = threadIdx.x * W; i0 < Vv; i0 += blockDim.x * W) {
+        XPack p;
+        if (VEC) { p = *(const XPack*)(x + i0); } else { p.v[0] = x[i0]; }
+        #pragma unroll
+        for (int k = 0; k < W; k++) {
+            float v = tof(p.v[k]);
+            if (v > mx) { s = s * expf(mx - v) + 1.0f; mx = v; best = i0 + k; }
+            else { s += expf(v - mx); }
+        }
     }
     float gmax = block_max(mx);
     if (argmax) {
@@ -912,18 +928,29 @@ __global__ void classifier_kernel(floatX* logits, float* losses, int* argmax, co
         __syncthreads();
         if (threadIdx.x == 0) { argmax[row] = sbest; }
     }
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < Vv; i += blockDim.x) { s += expf(tof(x[i]) - gmax); }
-    float sum = block_sum(s);
+    float sum = block_sum(mx == -INFINITY ? 0.0f : s * expf(mx - gmax));
     if (threadIdx.x == 0) { losses[row] = t >= 0 ? logf(sum) - (tof(x[t]) - gmax) : 0.0f; }
     if (dscale != 0.0f) {
         __syncthreads(); // everyone has read x[t] before it is overwritten
-        for (int i = threadIdx.x; i < Vv; i += blockDim.x) {
-            float p = t >= 0 ? expf(tof(x[i]) - gmax) / sum : 0.0f;
-            float d = t >= 0 ? (p - (i == t ? 1.0f : 0.0f)) * dscale : 0.0f;
-            x[i] = fromf<floatX>(d);
+        for (int i0 = threadIdx.x * W; i0 < Vv; i0 += blockDim.x * W) {
+            XPack p;
+            if (VEC) { p = *(const XPack*)(x + i0); } else { p.v[0] = x[i0]; }
+            #pragma unroll
+            for (int k = 0; k < W; k++) {
+                float pr = t >= 0 ? expf(tof(p.v[k]) - gmax) / sum : 0.0f;
+                p.v[k] = fromf<floatX>(t >= 0 ? (pr - (i0 + k == t ? 1.0f : 0.0f)) * dscale : 0.0f);
+            }
+            if (VEC) { *(XPack*)(x + i0) = p; } else { x[i0] = p.v[0]; }
         }
     }
+}
+static void classifier_launch(floatX* logits, float* losses, int* argmax, const int* targets, long rows, int Vv, float dscale) {
+    if (Vv % XVEC == 0 && aligned16(logits)) {
+        classifier_kernel<true><<<rows, 256, 0, main_stream>>>(logits, losses, argmax, targets, Vv, dscale);
+    } else {
+        classifier_kernel<false><<<rows, 256, 0, main_stream>>>(logits, losses, argmax, targets, Vv, dscale);
+    }
+    cudaCheck(cudaGetLastError());
 }
 
 // AdamW, one element: moments and master weight updated in place, the new master weight returned (one GPU and
@@ -1054,12 +1081,13 @@ static void adam_bias_corrections(const TrainConfig* tc, long step, float* bc1, 
 
 // pass 1: loc (hm fp32, the chunk-local scan), GPc (rows: cumsum of gP in the chunk), cend (nq, K): loc at the chunk
 // end, cdec (nq): exp(Σ gP over the chunk)
-__global__ void precond_local_kernel(float* loc, float* GPc, float* cend, float* cdec, const floatX* k, const float* gp,
-                                     const float* bp, int C, int K) {
+__global__ void precond_local_kernel(float* __restrict__ loc, float* __restrict__ GPc, float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k, const float* __restrict__ gp,
+                                     const float* __restrict__ bp, int C, int K) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     if (j >= K) { return; }
     float a = 0.0f, G = 0.0f;
+    #pragma unroll 4
     for (int i = 0; i < C; i++) {
         long row = r0 + i;
         float kj = tof(k[row * K + j]), g = gp[row];
@@ -1087,12 +1115,13 @@ __global__ void precond_carry_kernel(float* carry, const float* cend, const floa
 }
 
 // pass 3: astat (hm fp32) = loc + exp(GPc) carry; k̃ (hm floatX)
-__global__ void precond_fix_kernel(floatX* kt, float* astat, const float* loc, const float* GPc, const float* carry,
-                                   const floatX* k, const floatX* log_atk_scale, int H, int NC, int C, int K, float lnx, float eps) {
+__global__ void precond_fix_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ loc, const float* __restrict__ GPc, const float* __restrict__ carry,
+                                   const floatX* __restrict__ k, const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx, float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     if (j >= K) { return; }
     float cj = carry[q * K + j], c = tof(log_atk_scale[(q / NC) % H]);
+    #pragma unroll 4
     for (int i = 0; i < C; i++) {
         long row = r0 + i;
         float a = loc[row * K + j] + expf(GPc[row]) * cj;
@@ -1107,13 +1136,14 @@ __global__ void precond_fix_kernel(floatX* kt, float* astat, const float* loc, c
 // l_t = dr_t / (a_t + eps) from the write key, again in three passes. pass 1 (per chunk, reverse): dk += g m (the
 // direct path), the local reverse scan abl (hm fp32, from zero at the chunk end), cfirst (nq, K) = abl at the chunk's
 // first row, and dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order)
-__global__ void precond_local_bwd_kernel(float* dk, float* abl, float* cfirst, float* dcp, const float* dkt, const floatX* k,
-                                         const float* gp, const float* astat, const floatX* log_atk_scale, int H, int NC,
+__global__ void precond_local_bwd_kernel(float* __restrict__ dk, float* __restrict__ abl, float* __restrict__ cfirst, float* __restrict__ dcp, const float* __restrict__ dkt, const floatX* __restrict__ k,
+                                         const float* __restrict__ gp, const float* __restrict__ astat, const floatX* __restrict__ log_atk_scale, int H, int NC,
                                          int C, int K, float lnx, float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     float acc = 0.0f, dcs = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
     if (j < K) {
+        #pragma unroll 4
         for (int i = C - 1; i >= 0; i--) {
             long row = r0 + i;
             float kj = tof(k[row * K + j]), a = astat[row * K + j], g = dkt[row * K + j];
@@ -1146,16 +1176,18 @@ __global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, c
     }
 }
 
+#define PRECOND_C_MAX 64 // --chunk is at most 64 on the GPU
 // pass 3: abar_t = abl_t + exp(GPc_last - GPc_t) incoming; dk += 2 betaP k abar; per token, dgP = Σ_j abar a_{t-1} d_t
 // and dbetaP = Σ_j abar k² (block sums in channel order; K threads, K a multiple of 32)
-__global__ void precond_fix_bwd_kernel(float* dk, float* dgp, float* dbp, const float* abl, const float* incoming,
-                                       const float* GPc, const float* gp, const float* bp, const float* astat, const floatX* k,
+__global__ void precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp, const float* __restrict__ abl, const float* __restrict__ incoming,
+                                       const float* __restrict__ GPc, const float* __restrict__ gp, const float* __restrict__ bp, const float* __restrict__ astat, const floatX* __restrict__ k,
                                        int NC, int C, int K) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
-    __shared__ float part[2][32];
+    __shared__ float part[2][PRECOND_C_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
     int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
     float in = j < K ? incoming[q * K + j] : 0.0f, glast = GPc[r0 + C - 1];
+    #pragma unroll 4
     for (int i = 0; i < C; i++) {
         long row = r0 + i;
         float sg = 0.0f, sb = 0.0f;
@@ -1169,15 +1201,14 @@ __global__ void precond_fix_bwd_kernel(float* dk, float* dgp, float* dbp, const 
         }
         sg = warp_sum(sg);
         sb = warp_sum(sb);
-        if (lane == 0) { part[0][warp] = sg; part[1][warp] = sb; }
-        __syncthreads();
-        if (j == 0) {
-            float tg = 0.0f, tb = 0.0f;
-            for (int w = 0; w < nw; w++) { tg += part[0][w]; tb += part[1][w]; }
-            dgp[row] = tg;
-            dbp[row] = tb;
-        }
-        __syncthreads();
+        if (lane == 0) { part[0][i][warp] = sg; part[1][i][warp] = sb; }
+    }
+    __syncthreads();
+    for (int i = j; i < C; i += blockDim.x) {
+        float tg = 0.0f, tb = 0.0f;
+        for (int w = 0; w < nw; w++) { tg += part[0][i][w]; tb += part[1][i][w]; }
+        dgp[r0 + i] = tg;
+        dbp[r0 + i] = tb;
     }
 }
 
@@ -1336,21 +1367,24 @@ __global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const floa
 struct ChunkShape { int B, H, T, Tp, C, NC, K, V, gk; long nq; }; // gk: 0 none, 1 scalar, K channel; nq = B*H*NC
 
 // G (cumsum, hm (rows, gw) fp32), X, Y, Qg, Kd (hm floatX). One block per chunk.
-__global__ void chunk_prep_kernel(float* G, floatX* X, floatX* Y, floatX* Qg, floatX* Kd, const floatX* Q, const floatX* Kh,
-                                  const floatX* Kt, const floatX* Vv, const float* beta, const float* g, ChunkShape s) {
+__global__ void chunk_prep_kernel(float* __restrict__ G, floatX* __restrict__ X, floatX* __restrict__ Y, floatX* __restrict__ Qg, floatX* __restrict__ Kd, const floatX* __restrict__ Q, const floatX* __restrict__ Kh,
+                                  const floatX* __restrict__ Kt, const floatX* __restrict__ Vv, const float* __restrict__ beta, const float* __restrict__ g, ChunkShape s) {
     extern __shared__ float Gs[]; // C * gw
     long q = blockIdx.x;
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
     long r0 = q * C;
-    for (int c = threadIdx.x; c < gw; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int i = 0; i < C; i++) {
-            acc += s.gk ? g[(r0 + i) * gw + c] : 0.0f;
-            Gs[i * gw + c] = acc;
-            if (s.gk) { G[(r0 + i) * gw + c] = acc; }
+    if (s.gk) {
+        // the chunk's gates in parallel (all loads in flight), then the in-chunk cumsum per channel in shared memory
+        for (int e = threadIdx.x; e < C * gw; e += blockDim.x) { Gs[e] = g[r0 * gw + e]; }
+        __syncthreads();
+        for (int c = threadIdx.x; c < gw; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int i = 0; i < C; i++) { acc += Gs[i * gw + c]; Gs[i * gw + c] = acc; }
         }
+        __syncthreads();
+        for (int e = threadIdx.x; e < C * gw; e += blockDim.x) { G[r0 * gw + e] = Gs[e]; }
     }
-    __syncthreads();
+    #pragma unroll 4
     for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
         int i = e / K, j = e % K, gc = s.gk == s.K && s.gk > 1 ? j : 0;
         float gi = Gs[i * gw + gc], gn = Gs[(C - 1) * gw + gc];
@@ -1360,6 +1394,7 @@ __global__ void chunk_prep_kernel(float* G, floatX* X, floatX* Y, floatX* Qg, fl
         Qg[idx] = fromf<floatX>(tof(Q[idx]) * eg);
         Kd[idx] = fromf<floatX>(tof(Kt[idx]) * ed);
     }
+    #pragma unroll 4
     for (int e = threadIdx.x; e < C * V; e += blockDim.x) {
         int i = e / V;
         long idx = (r0 + i) * V + e % V;
@@ -2246,11 +2281,11 @@ __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float*
 //   dv = beta dY;  dbeta = Σ dX ⊙ K̂e^G + Σ dY ⊙ V + dbetaA
 //   dG_i = q̂_i ⊙ dq_i + k̂_i ⊙ dk̂_i - k̃_i ⊙ dk̃_i, plus at i = n: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) + e^G_n ⊙ Σ_v dS ⊙ S
 //   dg = reverse cumsum of dG inside the chunk (summed over channels for a scalar decay)
-__global__ void bwd_finish_kernel(float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg,
-                                  const float* dQg, const float* dq_s, const float* dX, const float* dkh_s, const float* dkt_s,
-                                  const float* dKd, const float* dY, const float* dbetaA, const floatX* Q, const floatX* Kh,
-                                  const floatX* Kt, const floatX* Vv, const float* G, const float* beta,
-                                  const floatX* hstate, const floatX* dhstate, int fold_kt, ChunkShape s) {
+__global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dkh, float* __restrict__ dkt, float* __restrict__ dv, float* __restrict__ dbeta, float* __restrict__ dg,
+                                  const float* __restrict__ dQg, const float* __restrict__ dq_s, const float* __restrict__ dX, const float* __restrict__ dkh_s, const float* __restrict__ dkt_s,
+                                  const float* __restrict__ dKd, const float* __restrict__ dY, const float* __restrict__ dbetaA, const floatX* __restrict__ Q, const floatX* __restrict__ Kh,
+                                  const floatX* __restrict__ Kt, const floatX* __restrict__ Vv, const float* __restrict__ G, const float* __restrict__ beta,
+                                  const floatX* __restrict__ hstate, const floatX* __restrict__ dhstate, int fold_kt, ChunkShape s) {
     extern __shared__ float sm[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, chan = s.gk > 1;
     float* Gc = sm;              // C * K: per-element dG contributions
@@ -2260,6 +2295,7 @@ __global__ void bwd_finish_kernel(float* dq, float* dkh, float* dkt, float* dv, 
     float* hsum = rows + C;      // K: Σ_v dS ⊙ S per state row
     long q = blockIdx.x, r0 = q * C;
     int n1 = C - 1;
+    #pragma unroll 4
     for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
         int i = e / K, c = e % K, gc = chan ? c : 0;
         long idx = (r0 + i) * K + c;
@@ -2276,6 +2312,7 @@ __global__ void bwd_finish_kernel(float* dq, float* dkh, float* dkt, float* dv, 
         Gc[e] = qv * dqv + khv * dkhv - ktv * dktv;
         Kx[e] = ktv * dkd;
     }
+    #pragma unroll 4
     for (int e = threadIdx.x; e < C * V; e += blockDim.x) {
         long idx = (r0 + e / V) * V + e % V;
         dv[idx] = beta[r0 + e / V] * dY[idx];
@@ -3250,25 +3287,23 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     cudaCheck(cudaMemsetAsync(g.dresid, 0, N * d * sizeof(float), main_stream));
     matmul_backward(g.dlnf, DINP_SET, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
     rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.dlnf, nullptr, a->resid + (long)L * N * d, nullptr,
-                     PP(T_FINAL_NORM, 0), a->lnf_rstd, N, d); }
+                     PP(T_FINAL_NORM, 0), a->lnf_rstd, N, d, nullptr, g.dresid_x); }
     dist_grads_ready(m, 0); // several GPUs: the classifier's and the final norm's gradients are final
     for (int l = L - 1; l >= 0; l--) {
         LayerActs& la = a->L[l];
         const floatX* x = a->resid + (long)l * N * d;
-        // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2); g.dresid = dL/dout
+        // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2); g.dresid = dL/dout, g.dresid_x its floatX copy
         { PROF("bwd.mlp+norm");
-        to_floatX(g.dresid_x, g.dresid, N * d);
         matmul_backward(g.dma_x, DINP_SETX, GG(T_WDOWN, l), g.dresid_x, la.ma, PP(T_WDOWN, l), (int)N, I, d);
         swiglu_backward(g.dmg_x, g.dmu_x, g.dma_x, la.mg, la.mu, N * I);
         matmul_backward(g.dln2, DINP_SET, GG(T_WGATE, l), g.dmg_x, la.ln2, PP(T_WGATE, l), (int)N, d, I);
         matmul_backward(g.dln2, DINP_ADD, GG(T_WUP, l), g.dmu_x, la.ln2, PP(T_WUP, l), (int)N, d, I);
-        cudaCheck(cudaMemcpyAsync(g.dh, g.dresid, N * d * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
-        rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.dln2, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d);
+        // dh = dresid + the norm's backward (and its floatX copy for the output projection)
+        rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.dln2, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d,
+                         g.dresid, g.dh_x);
         }
         // mixer: h = x + W_o og
         { PROF("bwd.o+onorm+gate");
-        cudaCheck(cudaMemcpyAsync(g.dresid, g.dh, N * d * sizeof(float), cudaMemcpyDeviceToDevice, main_stream));
-        to_floatX(g.dh_x, g.dh, N * d);
         matmul_backward(g.dog, DINP_SET, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
         cudaCheck(cudaMemsetAsync(g.dln1, 0, N * d * sizeof(float), main_stream));
         {
@@ -3330,7 +3365,9 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         matmul_backward(g.dln1, DINP_ADD, GG(T_WQ, l), g.dqp_x, la.ln1, PP(T_WQ, l), (int)N, d, HK);
         matmul_backward(g.dln1, DINP_ADD, GG(T_WK, l), g.dkp_x, la.ln1, PP(T_WK, l), (int)N, d, HK);
         matmul_backward(g.dln1, DINP_ADD, GG(T_WV, l), g.dvp_x, la.ln1, PP(T_WV, l), (int)N, d, HV);
-        rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d);
+        // dresid = dh + the norm's backward: the gradient of this layer's input (and its floatX copy for the next)
+        rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d,
+                         g.dh, g.dresid_x);
         dist_grads_ready(m, L - l); // layer l's gradients are final
     }
     // embedding: group positions by token on the host (positions in increasing order), sum on the device
@@ -3362,8 +3399,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
 // returns the sum of losses over positions with a target, *count those positions; argmax_host optional
 static double classifier(Acts* a, int Vv, const int* y, float dscale, long* count, int* argmax_host) {
     long N = (long)a->B * a->T;
-    classifier_kernel<<<N, 256, 0, main_stream>>>(a->logits, a->losses, argmax_host ? a->argmax : nullptr, a->targets, Vv, dscale);
-    cudaCheck(cudaGetLastError());
+    classifier_launch(a->logits, a->losses, argmax_host ? a->argmax : nullptr, a->targets, N, Vv, dscale);
     std::vector<float> losses((size_t)N);
     cudaCheck(cudaMemcpy(losses.data(), a->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
     if (argmax_host) { cudaCheck(cudaMemcpy(argmax_host, a->argmax, N * sizeof(int), cudaMemcpyDeviceToHost)); }

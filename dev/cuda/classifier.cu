@@ -8,8 +8,10 @@ Per row of logits (N, Vv) with target t (t < 0: no target, e.g. MQAR positions t
 Versions:
   v1  three separate passes, one block per row each: row max (+ argmax), then sum of exp (+ the loss), then the
       dlogits write; reads the logits three times from global memory, keeps max and sum in global buffers
-  v2  the trainer's classifier_kernel: one block of 256 threads per row, all three loops in one kernel (launched
-      as classifier() in train_pdn.cu launches it; that launcher itself takes the Acts and copies losses to the host)
+  v2  the trainer's classifier_kernel through classifier_launch (what classifier() in train_pdn.cu calls; that one
+      also copies the losses to the host): one block of 256 threads per row, one pass for the max, its index and the
+      online sum of exponentials, a second for the dlogits; 16-byte accesses when Vv % 8 == 0 (the odd 50257 takes
+      the element-wise path)
 
 CPU reference in double from the logits as the device sees them (floatX). Validation: N = 777 rows (about one in
 five without a target), Vv = 32000 (the paper's vocabulary), 50257 (GPT-2's, odd) and 512 (the tiny BPE); with dscale
@@ -123,7 +125,7 @@ static void cls_run(ClsDev& d, int v, long N, int Vv, float dscale, int* argmax)
             classifier_write_kernel<<<N, 256, 0, main_stream>>>(d.logits, d.rowmax, d.rowsum, d.targets, Vv, dscale);
         }
     } else {
-        classifier_kernel<<<N, 256, 0, main_stream>>>(d.logits, d.losses, argmax, d.targets, Vv, dscale); // as classifier()
+        classifier_launch(d.logits, d.losses, argmax, d.targets, N, Vv, dscale); // as classifier() does
     }
     cudaCheck(cudaGetLastError());
 }
