@@ -32,6 +32,8 @@ runs=(
     "rmsnorm_fp32 --no-bench"
     "classifier"
     "classifier_fp32 --no-bench"
+    "conv_norm"
+    "conv_norm_fp32 --no-bench"
 )
 rows=()
 status=0

@@ -1,0 +1,415 @@
+/*
+Kernel lab: the fused short convolution + SiLU (+ L2 norm over the head) of the mixer's q, k (norm) and v (no norm),
+forward and backward, as train_pdn.cu runs it (conv_norm_forward / conv_norm_backward).
+  forward:  pre[t] = Σ_k w[k] z[t-cs+1+k] (z before 0: the history, or zeros), stored as floatX;
+            o = silu(pre) rounded to floatX; with norm out = scale o / sqrt(Σ_head o² + 1e-6) (rstd kept), else out = o
+  backward: from dy (the gradient of out): dx = scale r dy - scale r³ o (dy·o) with norm, else dy;
+            dpre = dx silu'(pre); dz[s] = Σ_k w[k] dpre[s+cs-1-k] (floatX); dw[k] += Σ_t dpre[t] z[t-cs+1+k]
+Layouts as in the trainer: z, pre, dz token-major (B, T, H*D); out, dy head-major padded (B, H, Tp, D); rstd (B*T, H).
+
+Versions:
+  v1  the trainer's kernels until 2026-12-01: a warp per (b, h, 64-token range) walking its tokens one after the
+      other with a register window (one token's loads in flight at a time)
+  v2  the trainer's kernels: a block per (b, h, 64-token tile), the tile (and the cs-1 tokens around it) staged in
+      shared memory with all loads in flight, tokens independent of each other; the weight gradient summed per tile
+      in a fixed order (partials, then colsum_finish)
+
+CPU reference in double from the inputs as the device sees them (z, w, history rounded to floatX; pre and o rounded
+to floatX where the device stores or rounds them).
+Validation: B=2, H=3, T=200 (a partial last tile of 8 tokens), D = 32, 36 (not a multiple of 8: the element-wise
+staging path), 128; cs = 4 and 2; with and without the norm (q is scaled by 1/sqrt(D)); the forward also with a
+history (generation). Tolerances (relative L2): pre, out, dz are floatX: 1e-2 in bf16 (one rounding, rms ~1e-3;
+the backward also starts from the rounded out), 1e-5 / 1e-4 in fp32; rstd 1e-3 in bf16 (from rounded o), 1e-5 in
+fp32; dw (fp32 sums over B*T tokens of a gradient that carries bf16 inputs) 1e-2 in bf16, 1e-4 in fp32.
+Timing: B=16, H=8, T=2048, D=128, cs=4, with norm (one of q, k at the 340m shape); GB/s counts the minimal traffic.
+
+Build and run (from the repository root):
+  make -C dev/cuda conv_norm conv_norm_fp32
+  dev/cuda/conv_norm [1|2] [--no-bench]
+*/
+#define TESTING
+#include "../../train_pdn.cu"
+#include "common.h"
+
+#define NVERSIONS 2
+#ifdef ENABLE_FP32
+static const double TOL_X = 1e-5, TOL_DX = 1e-4, TOL_RSTD = 1e-5, TOL_DW = 1e-4;
+#else
+static const double TOL_X = 1e-2, TOL_DX = 1e-2, TOL_RSTD = 1e-3, TOL_DW = 1e-2;
+#endif
+static const char* VERSION_NAME[3] = {"", "v1 token chain", "v2 smem tiles"};
+
+// ----------------------------------------------------------------------------------------------------
+// v1: the trainer's kernels until 2026-12-01 (4 warps per block, one 64-token range per warp)
+
+template <int CONV_CPL_MAX>
+__global__ void __launch_bounds__(128) conv_norm_forward_v1_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
+                                                                 const floatX* w, const floatX* hist, int B, int T, int H,
+                                                                 int D, int cs, int Tp, int norm, float scale) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
+    int cpl = lane < D % 32 ? D / 32 + 1 : D / 32; // channels of this lane: lane, lane + 32, ... below D
+    int t0 = (blockIdx.y * 4 + warp) * CONV_TR;
+    if (t0 >= T) { return; }
+    int t1 = min(T, t0 + CONV_TR);
+    float win[CONV_CPL_MAX][CONV_CS_MAX], wrev[CONV_CPL_MAX][CONV_CS_MAX];
+    #pragma unroll
+    for (int u = 0; u < CONV_CPL_MAX; u++) {
+        int c = h * D + lane + 32 * u;
+        #pragma unroll
+        for (int j = 0; j < CONV_CS_MAX; j++) {
+            wrev[u][j] = (u < cpl && j < cs) ? tof(w[(long)c * cs + cs - 1 - j]) : 0.0f;
+            // before t0: win[j] = z[t0 - 1 - j] (history or zeros before the sequence); shifted once more below
+            int src = t0 - 1 - j;
+            float v = 0.0f;
+            if (u < cpl && j < cs - 1) {
+                if (src >= 0) { v = tof(z[((long)b * T + src) * Ch + c]); }
+                else if (hist) { v = tof(hist[((long)b * (cs - 1) + (cs - 1 + src)) * Ch + c]); }
+            }
+            win[u][j] = v;
+        }
+    }
+    for (int t = t0; t < t1; t++) {
+        float o[CONV_CPL_MAX], ss = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < CONV_CPL_MAX; u++) {
+            o[u] = 0.0f;
+            if (u >= cpl) { continue; }
+            long it = ((long)b * T + t) * Ch + h * D + lane + 32 * u;
+            #pragma unroll
+            for (int j = CONV_CS_MAX - 1; j > 0; j--) { win[u][j] = win[u][j - 1]; }
+            win[u][0] = tof(z[it]);
+            float acc = 0.0f;
+            #pragma unroll
+            for (int j = 0; j < CONV_CS_MAX; j++) { acc += wrev[u][j] * win[u][j]; }
+            floatX px = fromf<floatX>(acc);
+            pre[it] = px;
+            float p = tof(px);
+            o[u] = tof(fromf<floatX>(p * sigmoidf_(p))); // rounded like the unfused SiLU output
+            ss += o[u] * o[u];
+        }
+        float r = 1.0f;
+        if (norm) {
+            ss = warp_sum(ss);
+            r = rsqrtf(ss + L2NORM_EPS_F);
+            if (lane == 0) { rstd[((long)b * T + t) * H + h] = r; }
+        }
+        long ob = (((long)b * H + h) * Tp + t) * D;
+        #pragma unroll
+        for (int u = 0; u < CONV_CPL_MAX; u++) {
+            if (u < cpl) { out[ob + lane + 32 * u] = fromf<floatX>(norm ? o[u] * r * scale : o[u]); }
+        }
+    }
+}
+
+// Backward of the above, in reverse time: dy (head-major fp32, the gradient of out) -> with norm, the L2 norm's
+// backward dx = rstd (scale dy - out (dy·out) / scale); then dpre = dx silu'(pre); dz[s] = Σ_j wrev[j] dpre[s + j]
+// (token-major floatX, for the projection's backward); and the weight gradient dw[k] = Σ_t dpre[t] z[t - cs+1 + k]
+// as partial sums per (b, range): partial (B * ranges, Ch * cs). The cs-1 tokens after the range are a recomputed halo.
+// Windows (register arrays, compile-time indices): dwin[j] = dpre[t + j], zwin[j] = z[t - j]; the next (earlier)
+// token's operands are loaded before the current one is used, so memory latency overlaps the arithmetic.
+template <int CONV_CPL_MAX>
+__global__ void __launch_bounds__(128) conv_norm_backward_v1_kernel(floatX* __restrict__ dz, float* __restrict__ partial,
+                                                                  const float* __restrict__ dy, const floatX* __restrict__ out,
+                                                                  const float* __restrict__ rstd, const floatX* __restrict__ pre,
+                                                                  const floatX* __restrict__ z, const floatX* __restrict__ w,
+                                                                  int B, int T, int H, int D, int cs, int Tp, int norm,
+                                                                  float scale, int nranges) {
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
+    int cpl = lane < D % 32 ? D / 32 + 1 : D / 32; // channels of this lane: lane, lane + 32, ... below D
+    int range = blockIdx.y * 4 + warp, t0 = range * CONV_TR;
+    if (t0 >= T) { return; }
+    int t1 = min(T, t0 + CONV_TR), thi = min(T, t1 + cs - 1);
+    float dwin[CONV_CPL_MAX][CONV_CS_MAX], zwin[CONV_CPL_MAX][CONV_CS_MAX], wrev[CONV_CPL_MAX][CONV_CS_MAX];
+    float dwr[CONV_CPL_MAX][CONV_CS_MAX]; // dwr[j] accumulates dw[cs - 1 - j] = Σ dpre[t] z[t - j]
+    #pragma unroll
+    for (int u = 0; u < CONV_CPL_MAX; u++) {
+        int c = h * D + lane + 32 * u;
+        #pragma unroll
+        for (int j = 0; j < CONV_CS_MAX; j++) {
+            dwin[u][j] = 0.0f;
+            dwr[u][j] = 0.0f;
+            wrev[u][j] = (u < cpl && j < cs) ? tof(w[(long)c * cs + cs - 1 - j]) : 0.0f;
+            // z window for the first in-range token t1 - 1 (halo tokens do not need z)
+            int src = t1 - 1 - j;
+            zwin[u][j] = (u < cpl && j < cs && src >= 0) ? tof(z[((long)b * T + src) * Ch + c]) : 0.0f;
+        }
+    }
+    float ndy[CONV_CPL_MAX], nout[CONV_CPL_MAX], npre[CONV_CPL_MAX], nr = 1.0f;
+    // load token TT's operands into the n* registers (a macro, not a lambda: the arrays must stay in registers)
+#define CONV_V1_LOAD(TT) do { \
+        long ob_ = (((long)b * H + h) * Tp + (TT)) * D, tb_ = ((long)b * T + (TT)) * Ch + h * D + lane; \
+        _Pragma("unroll") for (int u = 0; u < CONV_CPL_MAX; u++) { \
+            ndy[u] = u < cpl ? dy[ob_ + lane + 32 * u] : 0.0f; \
+            nout[u] = (norm && u < cpl) ? tof(out[ob_ + lane + 32 * u]) : 0.0f; \
+            npre[u] = u < cpl ? tof(pre[tb_ + 32 * u]) : 0.0f; \
+        } \
+        if (norm) { nr = rstd[((long)b * T + (TT)) * H + h]; } \
+    } while (0)
+    CONV_V1_LOAD(thi - 1);
+    for (int t = thi - 1; t >= t0; t--) {
+        float dyv[CONV_CPL_MAX], ov[CONV_CPL_MAX], pv[CONV_CPL_MAX], r = nr, dot = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < CONV_CPL_MAX; u++) { dyv[u] = ndy[u]; ov[u] = nout[u]; pv[u] = npre[u]; dot += dyv[u] * ov[u]; }
+        if (t > t0) { CONV_V1_LOAD(t - 1); }
+        if (norm) { dot = warp_sum(dot); }
+        long tb = ((long)b * T + t) * Ch + h * D + lane;
+        int src = t - cs; // the z entering the window when it slides one token earlier
+        #pragma unroll
+        for (int u = 0; u < CONV_CPL_MAX; u++) {
+            float dx = norm ? r * (scale * dyv[u] - ov[u] * dot / scale) : dyv[u];
+            float sg = sigmoidf_(pv[u]);
+            float dp = u < cpl ? dx * sg * (1.0f + pv[u] * (1.0f - sg)) : 0.0f;
+            #pragma unroll
+            for (int j = CONV_CS_MAX - 1; j > 0; j--) { dwin[u][j] = dwin[u][j - 1]; }
+            dwin[u][0] = dp;
+            if (t < t1) {
+                float acc = 0.0f;
+                #pragma unroll
+                for (int j = 0; j < CONV_CS_MAX; j++) { acc += wrev[u][j] * dwin[u][j]; dwr[u][j] += dp * zwin[u][j]; }
+                if (u < cpl) { dz[tb + 32 * u] = fromf<floatX>(acc); }
+                float znew = (u < cpl && src >= 0) ? tof(z[((long)b * T + src) * Ch + h * D + lane + 32 * u]) : 0.0f;
+                #pragma unroll
+                for (int j = 0; j < CONV_CS_MAX; j++) { zwin[u][j] = j + 1 < cs ? zwin[u][j + 1 < CONV_CS_MAX ? j + 1 : j] : (j + 1 == cs ? znew : 0.0f); }
+            }
+        }
+    }
+    long prow = (long)b * nranges + range;
+    #pragma unroll
+    for (int u = 0; u < CONV_CPL_MAX; u++) {
+        int c = h * D + lane + 32 * u;
+        #pragma unroll
+        for (int j = 0; j < CONV_CS_MAX; j++) {
+            if (u < cpl && j < cs) { partial[prow * Ch * cs + (long)c * cs + cs - 1 - j] = dwr[u][j]; }
+        }
+    }
+}
+
+static void conv_norm_forward_v1(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
+                              int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+    dim3 grid(B * H, cdiv(cdiv(T, CONV_TR), 4));
+    int c = cdiv(D, 32);
+    if (c <= 1) { conv_norm_forward_v1_kernel<1><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else if (c <= 2) { conv_norm_forward_v1_kernel<2><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else if (c <= 4) { conv_norm_forward_v1_kernel<4><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    else { conv_norm_forward_v1_kernel<8><<<grid, 128, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    cudaCheck(cudaGetLastError());
+}
+
+// dz (token-major floatX) and dw += from dy (head-major fp32)
+static void conv_norm_backward_v1(floatX* dz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
+                               const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+    int nranges = cdiv(T, CONV_TR), nch = B * nranges, Ch = H * D;
+    float* partial = colsum_partials(nch, Ch * cs);
+    dim3 grid(B * H, cdiv(nranges, 4));
+    int c = cdiv(D, 32);
+    if (c <= 1) { conv_norm_backward_v1_kernel<1><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
+    else if (c <= 2) { conv_norm_backward_v1_kernel<2><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
+    else if (c <= 4) { conv_norm_backward_v1_kernel<4><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
+    else { conv_norm_backward_v1_kernel<8><<<grid, 128, 0, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, nranges); }
+    cudaCheck(cudaGetLastError());
+    colsum_finish(dw, nch, Ch * cs);
+}
+
+
+// ----------------------------------------------------------------------------------------------------
+
+struct CvShape { int B, T, H, D, cs, Tp; };
+struct CvDev { floatX *z, *w, *hist, *pre, *out, *dz; float *rstd, *dy, *dw; };
+
+static void cv_alloc(CvDev& d, const CvShape& s) {
+    size_t n = (size_t)s.B * s.T * s.H * s.D, nh = (size_t)s.B * s.H * s.Tp * s.D, Ch = (size_t)s.H * s.D;
+    cudaCheck(cudaMalloc(&d.z, n * sizeof(floatX))); cudaCheck(cudaMalloc(&d.w, Ch * s.cs * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d.hist, (size_t)s.B * (s.cs - 1 + 1) * Ch * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d.pre, n * sizeof(floatX))); cudaCheck(cudaMalloc(&d.out, nh * sizeof(floatX)));
+    cudaCheck(cudaMalloc(&d.dz, n * sizeof(floatX))); cudaCheck(cudaMalloc(&d.rstd, (size_t)s.B * s.T * s.H * sizeof(float)));
+    cudaCheck(cudaMalloc(&d.dy, nh * sizeof(float))); cudaCheck(cudaMalloc(&d.dw, Ch * s.cs * sizeof(float)));
+}
+static void cv_free(CvDev& d) {
+    cudaCheck(cudaFree(d.z)); cudaCheck(cudaFree(d.w)); cudaCheck(cudaFree(d.hist)); cudaCheck(cudaFree(d.pre));
+    cudaCheck(cudaFree(d.out)); cudaCheck(cudaFree(d.dz)); cudaCheck(cudaFree(d.rstd)); cudaCheck(cudaFree(d.dy));
+    cudaCheck(cudaFree(d.dw));
+}
+static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale, int hist) {
+    const floatX* h = hist ? d.hist : nullptr;
+    float* r = norm ? d.rstd : nullptr;
+    if (v == 1) { conv_norm_forward_v1(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+}
+static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale) {
+    const float* r = norm ? d.rstd : nullptr;
+    if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else { conv_norm_backward(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+}
+
+static void validate_case(int version_sel, const CvShape& s, int norm, int hist, uint64_t seed) {
+    int B = s.B, T = s.T, H = s.H, D = s.D, cs = s.cs, Tp = s.Tp, Ch = H * D;
+    float scale = norm ? 1.0f / sqrtf((float)D) : 1.0f;
+    size_t n = (size_t)B * T * Ch, nh = (size_t)B * H * Tp * D, nw = (size_t)Ch * cs, nhist = (size_t)B * (cs - 1) * Ch;
+    LabRng rng(seed);
+    std::vector<float> z(n), w(nw), hs(nhist), dy(nh, 0.0f), dw0(nw);
+    for (auto& x : z) { x = lab_round((float)rng.normal()); }
+    for (auto& x : w) { x = lab_round((float)(0.5 * rng.normal())); }
+    for (auto& x : hs) { x = lab_round((float)rng.normal()); }
+    for (int b = 0; b < B; b++) {
+        for (int h = 0; h < H; h++) {
+            for (int t = 0; t < T; t++) {
+                for (int j = 0; j < D; j++) { dy[(((size_t)b * H + h) * Tp + t) * D + j] = (float)rng.normal(); }
+            }
+        }
+    }
+    for (auto& x : dw0) { x = (float)rng.normal(); }
+    // reference forward
+    auto zat = [&](int b, int t, int c) -> double {
+        if (t >= 0) { return z[((size_t)b * T + t) * Ch + c]; }
+        return hist ? hs[((size_t)b * (cs - 1) + (cs - 1 + t)) * Ch + c] : 0.0;
+    };
+    std::vector<float> pre(n), o(n);
+    std::vector<double> out(n), rstd((size_t)B * T * H, 1.0);
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int c = 0; c < Ch; c++) {
+                double p = 0.0;
+                for (int k = 0; k < cs; k++) { p += (double)w[(size_t)c * cs + k] * zat(b, t - cs + 1 + k, c); }
+                size_t i = ((size_t)b * T + t) * Ch + c;
+                pre[i] = lab_round((float)p);
+                o[i] = lab_round((float)(pre[i] * lab_sigmoid(pre[i])));
+            }
+            for (int h = 0; h < H; h++) {
+                size_t i0 = ((size_t)b * T + t) * Ch + (size_t)h * D;
+                double ss = 0.0, r = 1.0;
+                for (int j = 0; j < D; j++) { ss += (double)o[i0 + j] * o[i0 + j]; }
+                if (norm) { r = 1.0 / sqrt(ss + (double)L2NORM_EPS_F); rstd[((size_t)b * T + t) * H + h] = r; }
+                for (int j = 0; j < D; j++) { out[i0 + j] = norm ? o[i0 + j] * r * scale : o[i0 + j]; }
+            }
+        }
+    }
+    // reference backward (no history: the trainer's backward is for training only)
+    std::vector<double> dpre(n), dz(n, 0.0), dw(nw);
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int h = 0; h < H; h++) {
+                size_t i0 = ((size_t)b * T + t) * Ch + (size_t)h * D, d0 = (((size_t)b * H + h) * Tp + t) * D;
+                double dot = 0.0, r = rstd[((size_t)b * T + t) * H + h];
+                for (int j = 0; j < D; j++) { dot += (double)dy[d0 + j] * o[i0 + j]; }
+                for (int j = 0; j < D; j++) {
+                    double dx = norm ? scale * r * dy[d0 + j] - scale * r * r * r * o[i0 + j] * dot : dy[d0 + j];
+                    double p = pre[i0 + j], sg = lab_sigmoid(p);
+                    dpre[i0 + j] = dx * sg * (1.0 + p * (1.0 - sg));
+                }
+            }
+        }
+    }
+    for (size_t i = 0; i < nw; i++) { dw[i] = dw0[i]; }
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int c = 0; c < Ch; c++) {
+                double g = dpre[((size_t)b * T + t) * Ch + c];
+                for (int k = 0; k < cs; k++) {
+                    int src = t - cs + 1 + k;
+                    if (src < 0) { continue; }
+                    dz[((size_t)b * T + src) * Ch + c] += w[(size_t)c * cs + k] * g;
+                    dw[(size_t)c * cs + k] += g * z[((size_t)b * T + src) * Ch + c];
+                }
+            }
+        }
+    }
+    // device
+    CvDev d;
+    cv_alloc(d, s);
+    std::vector<floatX> zx(n), wx(nw), hx(nhist);
+    for (size_t i = 0; i < n; i++) { zx[i] = lab_f2x(z[i]); }
+    for (size_t i = 0; i < nw; i++) { wx[i] = lab_f2x(w[i]); }
+    for (size_t i = 0; i < nhist; i++) { hx[i] = lab_f2x(hs[i]); }
+    cudaCheck(cudaMemcpy(d.z, zx.data(), n * sizeof(floatX), cudaMemcpyHostToDevice));
+    cudaCheck(cudaMemcpy(d.w, wx.data(), nw * sizeof(floatX), cudaMemcpyHostToDevice));
+    if (nhist) { cudaCheck(cudaMemcpy(d.hist, hx.data(), nhist * sizeof(floatX), cudaMemcpyHostToDevice)); }
+    cudaCheck(cudaMemcpy(d.dy, dy.data(), nh * sizeof(float), cudaMemcpyHostToDevice));
+    for (int v = 1; v <= NVERSIONS; v++) {
+        if (version_sel && v != version_sel) { continue; }
+        lab_poison(d.pre, n * sizeof(floatX)); lab_poison(d.out, nh * sizeof(floatX)); lab_poison(d.dz, n * sizeof(floatX));
+        lab_poison(d.rstd, (size_t)B * T * H * sizeof(float));
+        cudaCheck(cudaMemcpy(d.dw, dw0.data(), nw * sizeof(float), cudaMemcpyHostToDevice));
+        cv_forward(d, v, s, norm, scale, hist);
+        if (!hist) { cv_backward(d, v, s, norm, scale); }
+        cudaCheck(cudaGetLastError());
+        cudaCheck(cudaDeviceSynchronize());
+        char tag[96], what[160];
+        snprintf(tag, sizeof tag, "v%d D=%-3d cs=%d %s%s", v, D, cs, norm ? "norm  " : "nonorm", hist ? " hist" : "     ");
+        std::vector<float> gp = lab_download_x(d.pre, n), gh = lab_download_x(d.out, nh);
+        std::vector<float> go(n);
+        for (int b = 0; b < B; b++) { // the head-major rows back to token-major for the comparison
+            for (int h = 0; h < H; h++) {
+                for (int t = 0; t < T; t++) {
+                    for (int j = 0; j < D; j++) {
+                        go[((size_t)b * T + t) * Ch + (size_t)h * D + j] = gh[(((size_t)b * H + h) * Tp + t) * D + j];
+                    }
+                }
+            }
+        }
+        snprintf(what, sizeof what, "%s pre", tag);
+        lab_check(what, rel_l2(gp.data(), pre.data(), n), TOL_X);
+        snprintf(what, sizeof what, "%s out", tag);
+        lab_check(what, rel_l2(go.data(), out.data(), n), TOL_X);
+        if (norm) {
+            std::vector<float> gr = lab_download(d.rstd, (size_t)B * T * H);
+            snprintf(what, sizeof what, "%s rstd", tag);
+            lab_check(what, rel_l2(gr.data(), rstd.data(), gr.size()), TOL_RSTD);
+        }
+        if (!hist) {
+            std::vector<float> gz = lab_download_x(d.dz, n), gw = lab_download(d.dw, nw);
+            snprintf(what, sizeof what, "%s dz", tag);
+            lab_check(what, rel_l2(gz.data(), dz.data(), n), TOL_DX);
+            snprintf(what, sizeof what, "%s dw (+=)", tag);
+            lab_check(what, rel_l2(gw.data(), dw.data(), nw), TOL_DW);
+        }
+    }
+    cv_free(d);
+}
+
+static void bench(int version_sel) {
+    CvShape s{16, 2048, 8, 128, 4, 2048};
+    CvDev d;
+    cv_alloc(d, s);
+    long n = (long)s.B * s.T * s.H * s.D, nh = (long)s.B * s.H * s.Tp * s.D;
+    lab_fill(d.z, n, FILL_NORMAL, 0.0f, 1.0f, 41);
+    lab_fill(d.w, (long)s.H * s.D * s.cs, FILL_NORMAL, 0.0f, 0.5f, 42);
+    lab_fill(d.dy, nh, FILL_NORMAL, 0.0f, 1.0f, 43);
+    cudaCheck(cudaMemset(d.dw, 0, (size_t)s.H * s.D * s.cs * sizeof(float)));
+    double xs = sizeof(floatX), fbytes = n * 3 * xs, bbytes = n * (4 + 4 * xs); // fwd: z in, pre + out out; bwd: dy, out, pre, z in, dz out
+    printf("\n=== timing: conv_norm (%s), B=%d H=%d T=%d D=%d cs=%d, with norm; GB/s counts the minimal traffic ===\n",
+           PRECISION_NAME, s.B, s.H, s.T, s.D, s.cs);
+    printf("%-16s %10s %8s %10s %8s\n", "version", "fwd ms", "GB/s", "bwd ms", "GB/s");
+    for (int v = 1; v <= NVERSIONS; v++) {
+        if (version_sel && v != version_sel) { continue; }
+        double tf = bench_ms([&] { cv_forward(d, v, s, 1, 1.0f, 0); });
+        cv_forward(d, v, s, 1, 1.0f, 0);
+        double tb = bench_ms([&] { cv_backward(d, v, s, 1, 1.0f); });
+        printf("%-16s %10.4f %8.0f %10.4f %8.0f\n", VERSION_NAME[v], tf, fbytes / tf / 1e6, tb, bbytes / tb / 1e6);
+        fflush(stdout);
+    }
+    printf("\n");
+    cv_free(d);
+}
+
+#ifndef LAB_NO_MAIN
+int main(int argc, char** argv) {
+    LabArgs a = lab_args(argc, argv, NVERSIONS);
+    lab_setup();
+    if (a.validate) {
+        printf("\n=== validation: conv_norm (%s) vs the CPU reference in double; B=2 H=3 T=200 ===\n", PRECISION_NAME);
+        uint64_t seed = 300;
+        for (int D : {32, 36, 128}) {
+            for (int cs : {4, 2}) {
+                CvShape s{2, 200, 3, D, cs, 256};
+                validate_case(a.version, s, 1, 0, seed++);
+                validate_case(a.version, s, 0, 0, seed++);
+                validate_case(a.version, s, 1, 1, seed++);
+            }
+        }
+    }
+    if (a.bench) { bench(a.version); }
+    return lab_finish("conv_norm");
+}
+#endif
