@@ -72,6 +72,7 @@ static void cublas_check(cublasStatus_t st, const char* file, int line) {
 
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
 #define L2NORM_EPS_F 1e-6f // SPEC §3.3, fixed
+#define GPU_CHUNK_MAX 64  // --chunk limit on the GPU (per-chunk shared-memory arrays are sized by it)
 
 __device__ __forceinline__ float tof(float x) { return x; }
 __device__ __forceinline__ float tof(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -1175,7 +1176,6 @@ __global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, c
     }
 }
 
-#define PRECOND_C_MAX 64 // --chunk is at most 64 on the GPU
 // pass 3: abar_t = abl_t + exp(GPc_last - GPc_t) incoming; dk += 2 betaP k abar; per token, dgP = Σ_j abar a_{t-1} d_t
 // and dbetaP = Σ_j abar k² (block sums in channel order; K threads, K a multiple of 32)
 __global__ void precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp, const float* __restrict__ abl, const float* __restrict__ incoming,
@@ -1183,7 +1183,7 @@ __global__ void precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict
                                        int NC, int C, int K) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
-    __shared__ float part[2][PRECOND_C_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
+    __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
     int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
     float in = j < K ? incoming[q * K + j] : 0.0f, glast = GPc[r0 + C - 1];
     #pragma unroll 4
@@ -3621,7 +3621,9 @@ int main(int argc, char** argv) {
         fail(EXIT_USAGE, "--generate and --debug-state run in one process (this is rank %d of %d)", rank, world);
     }
     if (!tc.chunk_form) { fail(EXIT_USAGE, "the CUDA trainer runs the chunkwise mixer only (--mixer chunk); the per-token form is the CPU reference's"); }
-    if (tc.chunk > 64 || tc.chunk % 16) { fail(EXIT_USAGE, "--chunk must be a multiple of 16, at most 64, on the GPU (got %d)", tc.chunk); }
+    if (tc.chunk > GPU_CHUNK_MAX || tc.chunk % 16) {
+        fail(EXIT_USAGE, "--chunk must be a multiple of 16, at most %d, on the GPU (got %d)", GPU_CHUNK_MAX, tc.chunk);
+    }
 
     // the model: from a checkpoint (-e, or -y 1 with one in -o), else from the flags; a vocabulary the preset leaves at
     // 0 comes from the data source (MQAR: --mqar-vocab; text: the tokenizer, else the shards)
