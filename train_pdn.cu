@@ -1648,8 +1648,12 @@ __global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float*
 using namespace nvcuda;
 // warps of a scan block; the output tiles of each product are dealt out among them. Measured on an H200 at the
 // 340m shape: the forward is faster with 8 (19 vs 22 ms per step), the backward with 4 (28 vs 39 ms)
+#ifndef SCAN_WARPS_FWD
 #define SCAN_WARPS_FWD 8
-#define SCAN_WARPS_BWD 4
+#endif
+#ifndef SCAN_WARPS_BWD
+#define SCAN_WARPS_BWD 8
+#endif
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragAT;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
@@ -1657,7 +1661,8 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 
 // The chunk's operands are staged in shared memory with cp.async one chunk ahead (each buffer refilled as soon as
 // the current chunk is done with it), so no global-memory latency sits on the chunk-to-chunk chain, which is what
-// bounds these kernels. Staged rows are padded (K + 8, 32 + 8 elements) against shared-memory bank conflicts.
+// bounds these kernels. Every shared tile's rows are padded (K + 8 or 32 + 8 bf16, 32 + 4 fp32 elements) against
+// shared-memory bank conflicts: unpadded 32-column state tiles put WMMA's 16 rows on the same few banks.
 #define SCAN_PADK(K) ((K) + 8)
 #define SCAN_PADV (SCAN_BV + 8)
 #define SCAN_PADF (SCAN_BV + 4)
@@ -1687,18 +1692,19 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
     int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
     unsigned char* p = smem_raw;
-    float* S = (float*)p;                    p += scan_align((size_t)K * SCAN_BV * 4);   // K x 32 fp32
-    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_BV * 4);   // C x 32 fp32
-    __nv_bfloat16* Sb = (__nv_bfloat16*)p;   p += scan_align((size_t)K * SCAN_BV * 2);   // K x 32
-    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_BV * 2);   // C x 32
+    float* S = (float*)p;                    p += scan_align((size_t)K * SCAN_PADF * 4); // K x 36 fp32
+    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF * 4); // C x 36 fp32
+    __nv_bfloat16* Sb = (__nv_bfloat16*)p;   p += scan_align((size_t)K * SCAN_PADV * 2); // K x 40
+    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40
     __nv_bfloat16* Ws = (__nv_bfloat16*)p;   p += scan_align((size_t)C * kp * 2);        // C x kp   staged W
     __nv_bfloat16* Kds = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // C x kp   staged Kd
     __nv_bfloat16* Us = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40   staged U slice
     float* Gl = (float*)p;                                                               // gw       staged last-row G
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
         int a = e / SCAN_BV, c = e % SCAN_BV;
-        S[e] = S0 ? S0[((long)bh * K + a) * V + v0 + c] : 0.0f;
-        Sb[e] = __float2bfloat16(S[e]);
+        float x = S0 ? S0[((long)bh * K + a) * V + v0 + c] : 0.0f;
+        S[a * SCAN_PADF + c] = x;
+        Sb[a * SCAN_PADV + c] = __float2bfloat16(x);
     }
     // group 1 of a chunk: W; group 2: U, G_last, Kd
     long rb = (long)bh * s.NC * C;
@@ -1713,7 +1719,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch + 1 < s.NC;
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            hstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = Sb[e];
+            hstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = Sb[e / SCAN_BV * SCAN_PADV + e % SCAN_BV];
         }
         __pipeline_wait_prior(1); // this chunk's W
         __syncthreads();
@@ -1726,10 +1732,10 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
                 FragA a;
                 FragB b;
                 wmma::load_matrix_sync(a, Ws + 16 * i * kp + 16 * k, kp);
-                wmma::load_matrix_sync(b, Sb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
+                wmma::load_matrix_sync(b, Sb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
                 wmma::mma_sync(acc, a, b, acc);
             }
-            wmma::store_matrix_sync(Vt + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
+            wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
         }
         __pipeline_wait_prior(0); // this chunk's U, G_last and Kd
         __syncthreads();
@@ -1737,29 +1743,29 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
         __pipeline_commit();
         for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) { // V' = U - W S, rounded once
             int i = e / SCAN_BV, c = e % SCAN_BV;
-            __nv_bfloat16 vx = __float2bfloat16(tof(Us[i * SCAN_PADV + c]) - Vt[e]);
-            Vb[e] = vx;
+            __nv_bfloat16 vx = __float2bfloat16(tof(Us[i * SCAN_PADV + c]) - Vt[i * SCAN_PADF + c]);
+            Vb[i * SCAN_PADV + c] = vx;
             Vn[(r0 + i) * V + v0 + c] = vx;
         }
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
             int a = e / SCAN_BV;
             float gl = s.gk ? Gl[gw > 1 ? a : 0] : 0.0f;
-            S[e] *= expf(gl);
+            S[a * SCAN_PADF + e % SCAN_BV] *= expf(gl);
         }
         __syncthreads();
         // S += Kdᵀ V': (K x C)(C x 32), output tiles (kt x 2) accumulated onto S
         for (int t = warp; t < kt * 2; t += SCAN_WARPS_FWD) {
             int i = t / 2, j = t % 2;
             FragC acc;
-            wmma::load_matrix_sync(acc, S + 16 * i * SCAN_BV + 16 * j, SCAN_BV, wmma::mem_row_major);
+            wmma::load_matrix_sync(acc, S + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
             for (int k = 0; k < mt; k++) {
                 FragAT a;
                 FragB b;
                 wmma::load_matrix_sync(a, Kds + 16 * k * kp + 16 * i, kp);
-                wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
+                wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
                 wmma::mma_sync(acc, a, b, acc);
             }
-            wmma::store_matrix_sync(S + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
+            wmma::store_matrix_sync(S + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
         }
         __syncthreads();
         if (more) {
@@ -1769,11 +1775,16 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
             stage_async(Kds, kp * 2, Kd + rn * K, (long)K * 2, C, K * 2);
         }
         __pipeline_commit();
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { Sb[e] = __float2bfloat16(S[e]); }
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            Sb[a * SCAN_PADV + c] = __float2bfloat16(S[a * SCAN_PADF + c]);
+        }
         __syncthreads();
     }
     if (S_final) {
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { S_final[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = S[e]; }
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            S_final[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = S[e / SCAN_BV * SCAN_PADF + e % SCAN_BV];
+        }
     }
 }
 
@@ -1785,17 +1796,20 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
     int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
     unsigned char* p = smem_raw;
-    float* dS = (float*)p;                   p += scan_align((size_t)K * SCAN_BV * 4);   // K x 32
-    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_BV * 4);   // C x 32
-    __nv_bfloat16* dSb = (__nv_bfloat16*)p;  p += scan_align((size_t)K * SCAN_BV * 2);   // K x 32
-    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_BV * 2);   // C x 32
+    float* dS = (float*)p;                   p += scan_align((size_t)K * SCAN_PADF * 4); // K x 36
+    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF * 4); // C x 36
+    __nv_bfloat16* dSb = (__nv_bfloat16*)p;  p += scan_align((size_t)K * SCAN_PADV * 2); // K x 40
+    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40
     __nv_bfloat16* Kds = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // staged Kd
     __nv_bfloat16* Qgs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // staged Qg
     __nv_bfloat16* Ws = (__nv_bfloat16*)p;   p += scan_align((size_t)C * kp * 2);        // staged W
     float* dVl = (float*)p;                  p += scan_align((size_t)C * SCAN_PADF * 4); // staged dVloc slice (C x 36)
     __nv_bfloat16* dOs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * SCAN_PADV * 2); // staged dO slice (C x 40)
     float* Gl = (float*)p;                                                               // staged last-row G
-    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dS[e] = 0.0f; dSb[e] = __float2bfloat16(0.0f); }
+    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+        dS[e / SCAN_BV * SCAN_PADF + e % SCAN_BV] = 0.0f;
+        dSb[e / SCAN_BV * SCAN_PADV + e % SCAN_BV] = __float2bfloat16(0.0f);
+    }
     // group 1 of a chunk: Kd, dVloc, G_last; group 2: Qg, dO, W
     auto stage1 = [&](long r) {
         stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
@@ -1817,7 +1831,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch > 0;
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            dhstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dSb[e];
+            dhstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dSb[e / SCAN_BV * SCAN_PADV + e % SCAN_BV];
         }
         __pipeline_wait_prior(1); // this chunk's Kd, dVloc, G_last
         __syncthreads();
@@ -1830,21 +1844,22 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
                 FragA a;
                 FragB b;
                 wmma::load_matrix_sync(a, Kds + 16 * i * kp + 16 * k, kp);
-                wmma::load_matrix_sync(b, dSb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
+                wmma::load_matrix_sync(b, dSb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
                 wmma::mma_sync(acc, a, b, acc);
             }
-            wmma::store_matrix_sync(Vt + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
+            wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
         }
         __syncthreads();
         for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) {
-            __nv_bfloat16 vx = __float2bfloat16(Vt[e]);
-            Vb[e] = vx;
+            int i = e / SCAN_BV, c = e % SCAN_BV;
+            __nv_bfloat16 vx = __float2bfloat16(Vt[i * SCAN_PADF + c]);
+            Vb[i * SCAN_PADV + c] = vx;
             dVn[(r0 + e / SCAN_BV) * V + v0 + e % SCAN_BV] = vx;
         }
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
             int a = e / SCAN_BV;
             float gl = s.gk ? Gl[gw > 1 ? a : 0] : 0.0f;
-            dS[e] *= expf(gl);
+            dS[a * SCAN_PADF + e % SCAN_BV] *= expf(gl);
         }
         __pipeline_wait_prior(0); // this chunk's Qg, dO, W
         __syncthreads();
@@ -1854,7 +1869,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
         for (int t = warp; t < kt * 2; t += SCAN_WARPS_BWD) {
             int i = t / 2, j = t % 2;
             FragC acc, neg;
-            wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_BV + 16 * j, SCAN_BV, wmma::mem_row_major);
+            wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
             wmma::fill_fragment(neg, 0.0f);
             for (int k = 0; k < mt; k++) {
                 FragAT a;
@@ -1863,20 +1878,25 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
                 wmma::load_matrix_sync(b, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
                 wmma::mma_sync(acc, a, b, acc);
                 wmma::load_matrix_sync(a, Ws + 16 * k * kp + 16 * i, kp);
-                wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_BV + 16 * j, SCAN_BV);
+                wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
                 wmma::mma_sync(neg, a, b, neg);
             }
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] -= neg.x[e]; }
-            wmma::store_matrix_sync(dS + 16 * i * SCAN_BV + 16 * j, acc, SCAN_BV, wmma::mem_row_major);
+            wmma::store_matrix_sync(dS + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
         }
         __syncthreads();
         if (more) { stage2(r0 - C); } // Qg, dO and W are free now
         __pipeline_commit();
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dSb[e] = __float2bfloat16(dS[e]); }
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            dSb[a * SCAN_PADV + c] = __float2bfloat16(dS[a * SCAN_PADF + c]);
+        }
         __syncthreads();
     }
     if (dS0) {
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { dS0[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dS[e]; }
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            dS0[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dS[e / SCAN_BV * SCAN_PADF + e % SCAN_BV];
+        }
     }
 }
 
@@ -1889,7 +1909,7 @@ static bool scan_uses_wmma(const ChunkShape& s) {
 // the scans' shared memory (the layouts at the top of the kernels); smem_scan_wmma: the larger one
 static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward) {
     size_t K = s.K, C = s.C, kp = SCAN_PADK(s.K), gw = s.gk ? s.gk : 1;
-    size_t base = scan_align(K * SCAN_BV * 4) + scan_align(C * SCAN_BV * 4) + scan_align(K * SCAN_BV * 2) + scan_align(C * SCAN_BV * 2);
+    size_t base = scan_align(K * SCAN_PADF * 4) + scan_align(C * SCAN_PADF * 4) + scan_align(K * SCAN_PADV * 2) + scan_align(C * SCAN_PADV * 2);
     if (!backward) { return base + 2 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + gw * 4; }
     return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADF * 4) + scan_align(C * SCAN_PADV * 2) + gw * 4;
 }
