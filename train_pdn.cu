@@ -1365,12 +1365,15 @@ __global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const floa
 
 struct ChunkShape { int B, H, T, Tp, C, NC, K, V, gk; long nq; }; // gk: 0 none, 1 scalar, K channel; nq = B*H*NC
 
-// G (cumsum, hm (rows, gw) fp32), X, Y, Qg, Kd (hm floatX). One block per chunk.
+// G (cumsum, hm (rows, gw) fp32), X, Y, Qg, Kd (hm floatX). One block per chunk; VEC floatX per access (16 bytes
+// where the widths allow: this kernel only moves memory).
+template <int VEC>
 __global__ void chunk_prep_kernel(float* __restrict__ G, floatX* __restrict__ X, floatX* __restrict__ Y, floatX* __restrict__ Qg, floatX* __restrict__ Kd, const floatX* __restrict__ Q, const floatX* __restrict__ Kh,
                                   const floatX* __restrict__ Kt, const floatX* __restrict__ Vv, const float* __restrict__ beta, const float* __restrict__ g, ChunkShape s) {
+    struct alignas(VEC * sizeof(floatX)) Pk { floatX v[VEC]; };
     extern __shared__ float Gs[]; // C * gw
     long q = blockIdx.x;
-    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, chan = s.gk > 1;
     long r0 = q * C;
     if (s.gk) {
         // the chunk's gates in parallel (all loads in flight), then the in-chunk cumsum per channel in shared memory
@@ -1383,22 +1386,48 @@ __global__ void chunk_prep_kernel(float* __restrict__ G, floatX* __restrict__ X,
         __syncthreads();
         for (int e = threadIdx.x; e < C * gw; e += blockDim.x) { G[r0 * gw + e] = Gs[e]; }
     }
-    #pragma unroll 4
-    for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
-        int i = e / K, j = e % K, gc = s.gk == s.K && s.gk > 1 ? j : 0;
-        float gi = Gs[i * gw + gc], gn = Gs[(C - 1) * gw + gc];
-        float eg = s.gk ? expf(gi) : 1.0f, ed = s.gk ? expf(gn - gi) : 1.0f, b = beta[r0 + i];
-        long idx = (r0 + i) * K + j;
-        X[idx] = fromf<floatX>(b * tof(Kh[idx]) * eg);
-        Qg[idx] = fromf<floatX>(tof(Q[idx]) * eg);
-        Kd[idx] = fromf<floatX>(tof(Kt[idx]) * ed);
+    #pragma unroll 2
+    for (int e = threadIdx.x * VEC; e < C * K; e += blockDim.x * VEC) {
+        int i = e / K, j0 = e % K;
+        float b = beta[r0 + i];
+        long idx = (r0 + i) * K + j0;
+        Pk qv = *(const Pk*)(Q + idx), khv = *(const Pk*)(Kh + idx), ktv = *(const Pk*)(Kt + idx), xo, qo, ko;
+        #pragma unroll
+        for (int u = 0; u < VEC; u++) {
+            int gc = chan ? j0 + u : 0;
+            float eg = 1.0f, ed = 1.0f;
+            if (s.gk) { float gi = Gs[i * gw + gc]; eg = expf(gi); ed = expf(Gs[(C - 1) * gw + gc] - gi); }
+            xo.v[u] = fromf<floatX>(b * tof(khv.v[u]) * eg);
+            qo.v[u] = fromf<floatX>(tof(qv.v[u]) * eg);
+            ko.v[u] = fromf<floatX>(tof(ktv.v[u]) * ed);
+        }
+        *(Pk*)(X + idx) = xo;
+        *(Pk*)(Qg + idx) = qo;
+        *(Pk*)(Kd + idx) = ko;
     }
-    #pragma unroll 4
-    for (int e = threadIdx.x; e < C * V; e += blockDim.x) {
+    #pragma unroll 2
+    for (int e = threadIdx.x * VEC; e < C * V; e += blockDim.x * VEC) {
         int i = e / V;
         long idx = (r0 + i) * V + e % V;
-        Y[idx] = fromf<floatX>(beta[r0 + i] * tof(Vv[idx]));
+        float b = beta[r0 + i];
+        Pk vv = *(const Pk*)(Vv + idx), yo;
+        #pragma unroll
+        for (int u = 0; u < VEC; u++) { yo.v[u] = fromf<floatX>(b * tof(vv.v[u])); }
+        *(Pk*)(Y + idx) = yo;
     }
+}
+static void chunk_prep(float* G, floatX* X, floatX* Y, floatX* Qg, floatX* Kd, const floatX* Q, const floatX* Kh, const floatX* Kt,
+                       const floatX* Vv, const float* beta, const float* g, const ChunkShape& s) {
+    size_t sm = (size_t)s.C * (s.gk ? s.gk : 1) * sizeof(float);
+    bool vec = s.K % XVEC == 0 && s.V % XVEC == 0;
+    for (const void* p : {(const void*)X, (const void*)Y, (const void*)Qg, (const void*)Kd, (const void*)Q, (const void*)Kh,
+                          (const void*)Kt, (const void*)Vv}) { vec = vec && aligned16(p); }
+    if (vec) {
+        chunk_prep_kernel<XVEC><<<(unsigned)s.nq, 256, sm, main_stream>>>(G, X, Y, Qg, Kd, Q, Kh, Kt, Vv, beta, g, s);
+    } else {
+        chunk_prep_kernel<1><<<(unsigned)s.nq, 256, sm, main_stream>>>(G, X, Y, Qg, Kd, Q, Kh, Kt, Vv, beta, g, s);
+    }
+    cudaCheck(cudaGetLastError());
 }
 
 // scalar / no decay: from raw Kh Ktᵀ and Q Ktᵀ (fp32, batched GEMMs), Mk = strict-lower ⊙ E, A = beta Mk,
@@ -1500,28 +1529,61 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
     }
 }
 
-// Tinv = (I + A)^-1 for the unit lower-triangular I + A (fp32; also a floatX copy for the GEMMs).
-// Row i of Tinv = e_i - Σ_{k<i} A_ik Tinv_k; thread j owns column j.
-__global__ void tri_inverse_kernel(float* Tinv, floatX* Tx, const float* A, int C) {
-    extern __shared__ float sm[];
-    float *As = sm, *Ts = sm + C * C;
-    long q = blockIdx.x;
-    int j = threadIdx.x;
-    for (int e = threadIdx.x; e < C * C; e += blockDim.x) { As[e] = A[q * C * C + e]; Ts[e] = 0.0f; }
+// Ts = (I + A)^-1 for a strictly lower A (C x C, row stride ld, all in shared memory; Rs: scratch of the same shape),
+// blocked by 16 rows so that a whole block works instead of one thread per column: the diagonal 16 x 16 blocks by
+// forward substitution (thread j owns column j), then the blocks below, one block diagonal d at a time, by
+// T_IJ = -T_II Σ_{J<=k<I} A_Ik T_kJ (every T_kJ on the right is on a nearer diagonal). Any C <= blockDim.x.
+__device__ void tri_inverse_smem(float* Ts, float* Rs, const float* As, int C, int ld) {
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) { Ts[(e / C) * ld + e % C] = 0.0f; }
     __syncthreads();
+    int j = threadIdx.x;
     if (j < C) {
-        Ts[j * C + j] = 1.0f;
-        for (int i = j + 1; i < C; i++) {
-            float s = 0.0f;
-            for (int k = j; k < i; k++) { s += As[i * C + k] * Ts[k * C + j]; }
-            Ts[i * C + j] = -s; // column j only reads column j: no barrier needed
+        int hi = min(j / SUB * SUB + SUB, C);
+        Ts[j * ld + j] = 1.0f;
+        for (int i = j + 1; i < hi; i++) {
+            float acc = 0.0f;
+            for (int k = j; k < i; k++) { acc += As[i * ld + k] * Ts[k * ld + j]; }
+            Ts[i * ld + j] = -acc; // column j only reads column j
+        }
+    }
+    int nb = (C + SUB - 1) / SUB;
+    for (int d = 1; d < nb; d++) {
+        __syncthreads();
+        int n = (nb - d) * SUB * SUB; // blocks (I, I - d), I = d .. nb - 1
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            int I = d + e / (SUB * SUB), i = I * SUB + (e / SUB) % SUB, j2 = (I - d) * SUB + e % SUB;
+            if (i >= C) { continue; }
+            float acc = 0.0f;
+            for (int c = (I - d) * SUB; c < I * SUB; c++) { acc += As[i * ld + c] * Ts[c * ld + j2]; }
+            Rs[i * ld + j2] = acc;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            int I = d + e / (SUB * SUB), i = I * SUB + (e / SUB) % SUB, j2 = (I - d) * SUB + e % SUB;
+            if (i >= C) { continue; }
+            float acc = 0.0f;
+            for (int c = I * SUB; c <= i; c++) { acc += Ts[i * ld + c] * Rs[c * ld + j2]; }
+            Ts[i * ld + j2] = -acc;
         }
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
-        Tinv[q * C * C + e] = Ts[e];
-        Tx[q * C * C + e] = fromf<floatX>(Ts[e]);
-    }
+}
+
+// Tx = (I + A)^-1 (floatX: an operand of the GEMMs) for each chunk's strictly lower A (fp32). 256 threads, C <= 64.
+#define TRI_LD(C) ((C) + 4)
+__global__ void __launch_bounds__(256) tri_inverse_kernel(floatX* Tx, const float* A, int C) {
+    extern __shared__ float sm[];
+    int ld = TRI_LD(C);
+    float *As = sm, *Ts = As + C * ld, *Rs = Ts + C * ld;
+    long q = blockIdx.x;
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) { As[(e / C) * ld + e % C] = A[q * C * C + e]; }
+    __syncthreads();
+    tri_inverse_smem(Ts, Rs, As, C, ld);
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) { Tx[q * C * C + e] = fromf<floatX>(Ts[(e / C) * ld + e % C]); }
+}
+static void tri_inverse(floatX* Tx, const float* A, long nq, int C) {
+    tri_inverse_kernel<<<(unsigned)nq, 256, 3 * (size_t)C * TRI_LD(C) * sizeof(float), main_stream>>>(Tx, A, C);
+    cudaCheck(cudaGetLastError());
 }
 
 // The sequential part: one block per (b, h, V-tile of SCAN_BV columns), walking the chunks in order.
@@ -2045,6 +2107,65 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
         }
     }
 }
+// Scalar or no decay on tensor cores, the inverse included: per chunk K̂K̃ᵀ and Q̂K̃ᵀ (the lower 16 x 16 tiles, WMMA
+// on rows staged with cp.async), the decay mask, then (I + A)^-1 in shared memory. Writes Mk, P and Tx; the unfused
+// path (fp32 build) goes through Mraw, Praw and A in global memory and a separate inverse kernel.
+#define SS_LD(C) ((C) + 4)
+static __host__ __device__ size_t smem_scores_scalar_tc(int C, int K) {
+    return 3 * scan_align((size_t)C * SCAN_PADK(K) * 2) + 3 * scan_align((size_t)C * SS_LD(C) * 4) + 2 * (size_t)C * 4;
+}
+__global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX* P, floatX* Tx, const floatX* Q, const floatX* Kh,
+                                                              const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, kp = SCAN_PADK(K), ld = SS_LD(C), nb = C / 16, warp = threadIdx.x / 32;
+    unsigned char* p = smem_raw;
+    __nv_bfloat16* Qs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);  // C x kp staged q̂
+    __nv_bfloat16* Khs = (__nv_bfloat16*)p; p += scan_align((size_t)C * kp * 2);  // C x kp staged k̂
+    __nv_bfloat16* Kts = (__nv_bfloat16*)p; p += scan_align((size_t)C * kp * 2);  // C x kp staged k̃
+    float* Ms = (float*)p;                  p += scan_align((size_t)C * ld * 4);  // C x ld K̂K̃ᵀ, then A = diag(beta) Mk
+    float* Ps = (float*)p;                  p += scan_align((size_t)C * ld * 4);  // C x ld Q̂K̃ᵀ, then the inverse
+    float* Rs = (float*)p;                  p += scan_align((size_t)C * ld * 4);  // C x ld the inverse's scratch
+    float* gs = (float*)p;                                                        // C: G of the chunk
+    float* bs = gs + C;                                                           // C: beta
+    long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
+    stage_async(Qs, kp * 2, Q + r0 * K, (long)K * 2, C, K * 2);
+    stage_async(Khs, kp * 2, Kh + r0 * K, (long)K * 2, C, K * 2);
+    stage_async(Kts, kp * 2, Kt + r0 * K, (long)K * 2, C, K * 2);
+    __pipeline_commit();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) { gs[i] = s.gk ? G[r0 + i] : 0.0f; bs[i] = beta[r0 + i]; }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    int nt = nb * (nb + 1) / 2; // tiles I >= J of each product
+    for (int t = warp; t < 2 * nt; t += blockDim.x / 32) {
+        int u = t % nt, I = 0;
+        while ((I + 1) * (I + 2) / 2 <= u) { I++; }
+        int J = u - I * (I + 1) / 2;
+        const __nv_bfloat16* rows = (t < nt ? Khs : Qs) + 16 * I * kp;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int k = 0; k < K / 16; k++) {
+            FragA a;
+            FragBT b;
+            wmma::load_matrix_sync(a, rows + 16 * k, kp);
+            wmma::load_matrix_sync(b, Kts + 16 * J * kp + 16 * k, kp);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync((t < nt ? Ms : Ps) + 16 * I * ld + 16 * J, acc, ld, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) { // only j <= i was computed; nothing above is read
+        int i = e / C, j = e % C;
+        float E = (s.gk && j <= i) ? expf(gs[i] - gs[j]) : 1.0f; // never above the diagonal: overflow
+        float m = j < i ? Ms[i * ld + j] * E : 0.0f;
+        Mk[o0 + e] = m;
+        P[o0 + e] = fromf<floatX>(j <= i ? Ps[i * ld + j] * E : 0.0f);
+        Ms[i * ld + j] = bs[i] * m; // in place: each element is read and written by its own thread
+    }
+    __syncthreads();
+    tri_inverse_smem(Ps, Rs, Ms, C, ld);
+    for (int e = threadIdx.x; e < C * C; e += blockDim.x) { Tx[o0 + e] = fromf<floatX>(Ps[(e / C) * ld + e % C]); }
+}
+
 // backward, rows side: dq_s_i = Σ_{j<=i} dP_ij k̃_j ⊙ e^(G_i - G_j), dk̂_s_i = Σ_{j<i} dM_ij k̃_j ⊙ e^(G_i - G_j) (dM = beta dA),
 // and dbetaA_i = Σ_j dA_ij Mk_ij. Each warp owns output tiles n = warp, warp + 8 (K <= 256) across the J loop.
 __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, float* dkh_s, float* dbetaA, const float* dP,
@@ -2423,7 +2544,7 @@ struct MixerSaved {
 
 // scratch shared by all layers
 struct MixerScratch {
-    float *Mraw, *Praw, *A, *Tinv;                  // (nq, C, C)
+    float *Mraw, *Praw, *A;                         // (nq, C, C)
     floatX *X, *Y;                                  // (rows, K | V)
     float *dVloc, *dQg, *dKd, *dW, *dX, *dY;        // (rows, V | K)
     floatX *dhstate, *dVn, *dWx, *dXx, *dYx;
@@ -2465,10 +2586,12 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(state_forward_kernel, optin);
     allow_dynamic_smem(state_backward_kernel, optin);
     allow_dynamic_smem(bwd_finish_kernel, optin);
+    allow_dynamic_smem(tri_inverse_kernel, optin);
 #ifndef ENABLE_FP32
     allow_dynamic_smem(scores_channel_tc_kernel, optin);
     allow_dynamic_smem(scores_channel_dq_tc_kernel, optin);
     allow_dynamic_smem(scores_channel_dkt_tc_kernel, optin);
+    allow_dynamic_smem(scores_scalar_tc_kernel, optin);
     allow_dynamic_smem(state_forward_wmma_kernel, optin);
     allow_dynamic_smem(state_backward_wmma_kernel, optin);
 #endif
@@ -2477,11 +2600,15 @@ static void mixer_kernel_setup(void) {
 }
 
 #ifndef ENABLE_FP32
-static int scores_force_fma = 0; // the kernel lab sets it to check and time the fp32 FMA channel scores in the bf16 build
+static int scores_force_fma = 0; // the lab sets it to time and check the unfused scores in the bf16 build (FMA channel scores; scalar: GEMMs + mask + inverse)
 static bool scores_use_tc(const ChunkShape& s) {
     size_t need = 0;
     for (int w = 0; w < 3; w++) { need = std::max(need, scores_tc_smem(s.C, s.K, w).total); }
     return !scores_force_fma && s.gk > 1 && s.K % 16 == 0 && s.K <= 256 && s.C % SUB == 0 && need + 1024 <= (size_t)smem_optin;
+}
+static bool scores_scalar_fused(const ChunkShape& s) {
+    return !scores_force_fma && s.gk <= 1 && s.K % 16 == 0 && s.C % 16 == 0 &&
+           smem_scores_scalar_tc(s.C, s.K) + 1024 <= (size_t)smem_optin;
 }
 #endif
 
@@ -2490,17 +2617,23 @@ static bool scores_use_tc(const ChunkShape& s) {
 static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* Q, const floatX* Kh, const floatX* Kt,
                                 const floatX* Vv, const float* beta, const float* g, const float* S0, float* S_final,
                                 const ChunkShape& s) {
-    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
+    int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V;
     int nq = (int)s.nq;
     {
     PROF("mixer.fwd.prep");
-    chunk_prep_kernel<<<nq, 256, C * gw * sizeof(float), main_stream>>>(sv->G, sc->X, sc->Y, sv->Qg, sv->Kd, Q, Kh, Kt, Vv,
-                                                                       beta, s.gk ? g : nullptr, s);
-    cudaCheck(cudaGetLastError());
+    chunk_prep(sv->G, sc->X, sc->Y, sv->Qg, sv->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
     }
+    bool fused = false; // scores and inverse in one kernel
     {
     PROF("mixer.fwd.scores");
+#ifndef ENABLE_FP32
+    fused = scores_scalar_fused(s);
+    if (fused) {
+        scores_scalar_tc_kernel<<<nq, 256, smem_scores_scalar_tc(C, K), main_stream>>>(sv->Mk, sv->P, sv->Tx, Q, Kh, Kt, sv->G,
+                                                                                      beta, s);
+    } else
+#endif
     if (s.gk > 1) {
 #ifndef ENABLE_FP32
         if (scores_use_tc(s)) {
@@ -2516,10 +2649,9 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     }
     cudaCheck(cudaGetLastError());
     }
-    {
+    if (!fused) {
     PROF("mixer.fwd.inverse");
-    tri_inverse_kernel<<<nq, 64, 2 * CC * sizeof(float), main_stream>>>(sc->Tinv, sv->Tx, sc->A, C);
-    cudaCheck(cudaGetLastError());
+    tri_inverse(sv->Tx, sc->A, nq, C);
     }
     {
     PROF("mixer.fwd.gemms");
@@ -2749,7 +2881,7 @@ static void mixer_saved_add(Arena& ar, MixerSaved* mx, const ChunkShape& s) {
 static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, int with_grads, int diag) {
     long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, nq = s.nq;
     memset(sc, 0, sizeof(*sc));
-    ar.add(&sc->Mraw, nq * CC); ar.add(&sc->Praw, nq * CC); ar.add(&sc->A, nq * CC); ar.add(&sc->Tinv, nq * CC);
+    ar.add(&sc->Mraw, nq * CC); ar.add(&sc->Praw, nq * CC); ar.add(&sc->A, nq * CC);
     ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V);
     if (diag) { ar.add(&sc->pc_loc, rows * K); ar.add(&sc->pc_a, nq * K); ar.add(&sc->pc_b, nq * K); ar.add(&sc->pc_c, nq); }
     if (!with_grads) { return; }
