@@ -234,8 +234,10 @@ static const cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F;
 // D (M, N) = alpha * op(A) op(B) + beta * D, row-major, with op(A) (M, K), op(B) (K, N).
 // transA: A is stored (K, M); transB: B is stored (N, K). A, B floatX; D floatX or fp32 (d_fp32).
 // bias (N, floatX) is added when given (only with beta = 0 and a floatX output).
+// D (M, N) = alpha op(A) op(B) + beta D, row-major; lda / ldd: row strides of A and D when they are column slices
+// of a wider matrix (0: packed)
 static void matmul_lt(void* D, bool d_fp32, const floatX* A, bool transA, const floatX* B, bool transB,
-                      int M, int N, int K, float alpha, float beta, const floatX* bias) {
+                      int M, int N, int K, float alpha, float beta, const floatX* bias, int lda = 0, int ldd = 0) {
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute, CUDA_R_32F));
     // column-major view: D' (N, M) = op(B') op(A'), B' = B viewed column-major
@@ -252,8 +254,8 @@ static void matmul_lt(void* D, bool d_fp32, const floatX* A, bool transA, const 
     cublasLtMatrixLayout_t la, lb, ld;
     // first operand of the column-major product is B': (N x K) if not transposed, stored with ld = N (row-major B is K x N)
     cublasCheck(cublasLtMatrixLayoutCreate(&la, CUDA_FLOATX, transB ? K : N, transB ? N : K, transB ? K : N));
-    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_FLOATX, transA ? M : K, transA ? K : M, transA ? M : K));
-    cublasCheck(cublasLtMatrixLayoutCreate(&ld, d_fp32 ? CUDA_R_32F : CUDA_FLOATX, N, M, N));
+    cublasCheck(cublasLtMatrixLayoutCreate(&lb, CUDA_FLOATX, transA ? M : K, transA ? K : M, lda ? lda : transA ? M : K));
+    cublasCheck(cublasLtMatrixLayoutCreate(&ld, d_fp32 ? CUDA_R_32F : CUDA_FLOATX, N, M, ldd ? ldd : N));
     cublasLtMatmulPreference_t pref;
     cublasCheck(cublasLtMatmulPreferenceCreate(&pref));
     cublasCheck(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -278,11 +280,15 @@ static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, cons
 
 // dinp (N, C) = or += dout (N, OC) @ w (OC, C);  dw (OC, C) fp32 += doutᵀ @ inp.
 // dinp's mode: ADD into fp32 (several contributions), SET fp32 (the first or only one: no memset needed), SETX floatX.
+// ld_dout, ld_dinp: row strides when dout / dinp are column slices of a wider matrix (0: packed). dinp null: dw only.
 enum { DINP_ADD, DINP_SET, DINP_SETX };
 static void matmul_backward(void* dinp, int mode, float* dw, const floatX* dout, const floatX* inp, const floatX* w,
-                            int N, int C, int OC) {
-    if (dinp) { matmul_lt(dinp, mode != DINP_SETX, dout, false, w, false, N, C, OC, 1.0f, mode == DINP_ADD ? 1.0f : 0.0f, nullptr); }
-    matmul_lt(dw, true, dout, true, inp, false, OC, C, N, 1.0f, 1.0f, nullptr);
+                            int N, int C, int OC, int ld_dout = 0, int ld_dinp = 0) {
+    if (dinp) {
+        matmul_lt(dinp, mode != DINP_SETX, dout, false, w, false, N, C, OC, 1.0f, mode == DINP_ADD ? 1.0f : 0.0f, nullptr,
+                  ld_dout, ld_dinp);
+    }
+    matmul_lt(dw, true, dout, true, inp, false, OC, C, N, 1.0f, 1.0f, nullptr, ld_dout);
 }
 
 // Batched, row-major: C[i] (M, N) = alpha op(A[i]) op(B[i]) + beta C[i] for i < batch, strides in elements.
@@ -585,7 +591,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_kernel(floatX*
 // dz[s] = Σ_j w[cs-1-j] dpre[s+j] (token-major floatX, for the projection's backward) and the weight gradient
 // dw[cs-1-j] = Σ_t dpre[t] z[t-j], summed over the tile in a fixed order into partial (B * tiles, Ch * cs).
 template <int CPL>
-__global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX* __restrict__ dz, float* __restrict__ partial,
+__global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX* __restrict__ dz, int ldz, float* __restrict__ partial,
                                                                            const float* __restrict__ dy, const floatX* __restrict__ out,
                                                                            const float* __restrict__ rstd, const floatX* __restrict__ pre,
                                                                            const floatX* __restrict__ z, const floatX* __restrict__ w,
@@ -652,7 +658,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
                     dwr[j] += dp * tof(zs[(r + cs - 1 - j) * D + c]);
                 }
             }
-            dz[((long)b * T + s) * Ch + h * D + c] = fromf<floatX>(acc);
+            dz[((long)b * T + s) * ldz + h * D + c] = fromf<floatX>(acc);
         }
     }
     __syncthreads(); // dps is reused for the group sums
@@ -689,18 +695,18 @@ static void conv_norm_forward(floatX* pre, floatX* out, float* rstd, const float
     cudaCheck(cudaGetLastError());
 }
 
-// dz (token-major floatX) and dw += from dy (head-major fp32)
-static void conv_norm_backward(floatX* dz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
+// dz (token-major floatX, row stride ldz: a slice of the packed projection gradients) and dw += from dy (head-major fp32)
+static void conv_norm_backward(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
                                const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
     int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
     float* partial = colsum_partials(nch, Ch * cs);
     dim3 grid(B * H, ntiles);
     size_t sm = conv_smem_backward(D, cs);
     int c = cdiv(D, 32);
-    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
-    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
-    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
-    else { conv_norm_backward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(dz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
+    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
+    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
+    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
+    else { conv_norm_backward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
 }
@@ -727,7 +733,7 @@ static void gate_forward(float* out, const floatX* pre, const floatX* a_log, con
 // backward, one thread per element: dout (head-major fp32) -> dpre (token-major floatX, for the projection) and, for
 // the decay (kind 1), dpre_f (fp32: summed over tokens it is dt_bias's gradient) and alog_el = dout * out (summed over
 // tokens and the head's channels it is A_log's gradient)
-__global__ void gate_backward_kernel(floatX* __restrict__ dpre, float* __restrict__ dpre_f, float* __restrict__ alog_el, const float* __restrict__ dout, const float* __restrict__ out,
+__global__ void gate_backward_kernel(floatX* __restrict__ dpre, int ld, float* __restrict__ dpre_f, float* __restrict__ alog_el, const float* __restrict__ dout, const float* __restrict__ out,
                                      const floatX* __restrict__ pre, const floatX* __restrict__ a_log, const floatX* __restrict__ dt_bias, int kind, float bmax,
                                      int B, int T, int H, int gw, int Tp) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -745,7 +751,7 @@ __global__ void gate_backward_kernel(floatX* __restrict__ dpre, float* __restric
         dpre_f[i] = dp;
         alog_el[i] = d * o;
     }
-    dpre[i] = fromf<floatX>(dp);
+    dpre[bt * ld + c] = fromf<floatX>(dp);
 }
 // out[h] += Σ_j in[h * gw + j] (A_log from the per-channel column sums of a channel decay)
 __global__ void sum_groups_kernel(float* out, const float* in, int H, int gw) {
@@ -755,12 +761,13 @@ __global__ void sum_groups_kernel(float* out, const float* in, int H, int gw) {
     for (int j = 0; j < gw; j++) { s += in[h * gw + j]; }
     out[h] += s;
 }
-// gradient of a gate; for the decay also of its parameters: ddt_bias (H*gw) and da_log (H) accumulate
-static void gate_backward(floatX* dpre, float* dpre_f, float* alog_el, float* ddt_bias, float* da_log, float* tmp,
+// gradient of a gate (dpre: row stride ld, a slice of the packed projection gradients, or H*gw); for the decay also
+// of its parameters: ddt_bias (H*gw) and da_log (H) accumulate
+static void gate_backward(floatX* dpre, int ld, float* dpre_f, float* alog_el, float* ddt_bias, float* da_log, float* tmp,
                           const float* dout, const float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias,
                           int kind, float bmax, int B, int T, int H, int gw, int Tp) {
     long n = (long)B * T * H * gw;
-    gate_backward_kernel<<<cdiv(n, 256), 256, 0, main_stream>>>(dpre, dpre_f, alog_el, dout, out, pre, a_log, dt_bias, kind,
+    gate_backward_kernel<<<cdiv(n, 256), 256, 0, main_stream>>>(dpre, ld, dpre_f, alog_el, dout, out, pre, a_log, dt_bias, kind,
                                                                 bmax, B, T, H, gw, Tp);
     cudaCheck(cudaGetLastError());
     if (kind == 1) {
@@ -1531,19 +1538,27 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
 
 // Ts = (I + A)^-1 for a strictly lower A (C x C, row stride ld, all in shared memory; Rs: scratch of the same shape),
 // blocked by 16 rows so that a whole block works instead of one thread per column: the diagonal 16 x 16 blocks by
-// forward substitution (thread j owns column j), then the blocks below, one block diagonal d at a time, by
+// forward substitution (thread j owns column j, in registers), then the blocks below, one block diagonal d at a time, by
 // T_IJ = -T_II Σ_{J<=k<I} A_Ik T_kJ (every T_kJ on the right is on a nearer diagonal). Any C <= blockDim.x.
 __device__ void tri_inverse_smem(float* Ts, float* Rs, const float* As, int C, int ld) {
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) { Ts[(e / C) * ld + e % C] = 0.0f; }
     __syncthreads();
     int j = threadIdx.x;
     if (j < C) {
-        int hi = min(j / SUB * SUB + SUB, C);
-        Ts[j * ld + j] = 1.0f;
-        for (int i = j + 1; i < hi; i++) {
+        // column j of its diagonal block in registers, fully unrolled: every thread runs the same FMAs (t is 0 above
+        // the diagonal, so the sums start at the diagonal as in plain substitution), no divergence, no memory chain
+        int b0 = j / SUB * SUB, jl = j - b0;
+        float t[SUB];
+        #pragma unroll
+        for (int i = 0; i < SUB; i++) {
             float acc = 0.0f;
-            for (int k = j; k < i; k++) { acc += As[i * ld + k] * Ts[k * ld + j]; }
-            Ts[i * ld + j] = -acc; // column j only reads column j
+            #pragma unroll
+            for (int k = 0; k < i; k++) { acc += (b0 + i < C ? As[(b0 + i) * ld + b0 + k] : 0.0f) * t[k]; }
+            t[i] = i < jl ? 0.0f : i == jl ? 1.0f : -acc;
+        }
+        #pragma unroll
+        for (int i = 0; i < SUB; i++) {
+            if (b0 + i < C) { Ts[(b0 + i) * ld + j] = t[i]; }
         }
     }
     int nb = (C + SUB - 1) / SUB;
@@ -1711,7 +1726,7 @@ using namespace nvcuda;
 // warps of a scan block; the output tiles of each product are dealt out among them. Measured on an H200 at the
 // 340m shape: the forward is faster with 8 (19 vs 22 ms per step), the backward with 4 (28 vs 39 ms)
 #ifndef SCAN_WARPS_FWD
-#define SCAN_WARPS_FWD 8
+#define SCAN_WARPS_FWD 16
 #endif
 #ifndef SCAN_WARPS_BWD
 #define SCAN_WARPS_BWD 8
@@ -2546,7 +2561,7 @@ struct MixerSaved {
 struct MixerScratch {
     float *Mraw, *Praw, *A;                         // (nq, C, C)
     floatX *X, *Y;                                  // (rows, K | V)
-    float *dVloc, *dQg, *dKd, *dW, *dX, *dY;        // (rows, V | K)
+    float *dVloc, *dQg, *dKd, *dX, *dY;             // (rows, V | K)
     floatX *dhstate, *dVn, *dWx, *dXx, *dYx;
     float *dP, *dA, *dbetaA;
     floatX *dPm, *dMm;
@@ -2704,8 +2719,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     bgemm(false, true, C, K, V, dO, V, CV, sv->hstate, V, KV, sc->dQg, true, K, CK, nq, 1.0f, 0.0f);
     bgemm(false, true, C, C, V, dO, V, CV, sv->Vn, V, CV, sc->dP, true, C, CC, nq, 1.0f, 0.0f);
     bgemm(false, true, C, K, V, sv->Vn, V, CV, sc->dhstate, V, KV, sc->dKd, true, K, CK, nq, 1.0f, 0.0f);
-    bgemm(false, true, C, K, V, sc->dVn, V, CV, sv->hstate, V, KV, sc->dW, true, K, CK, nq, -1.0f, 0.0f);
-    to_floatX(sc->dWx, sc->dW, rows * K);
+    bgemm(false, true, C, K, V, sc->dVn, V, CV, sv->hstate, V, KV, sc->dWx, false, K, CK, nq, -1.0f, 0.0f); // only its floatX copy is used
     bgemm(true, false, C, K, C, sv->Tx, C, CC, sc->dWx, K, CK, sc->dX, true, K, CK, nq, 1.0f, 0.0f);
     bgemm(true, false, C, V, C, sv->Tx, C, CC, sc->dVn, V, CV, sc->dY, true, V, CV, nq, 1.0f, 0.0f);
     to_floatX(sc->dXx, sc->dX, rows * K);
@@ -2845,16 +2859,37 @@ struct LayerActs {
 };
 
 struct GradBufs {
-    float *dresid, *dh, *dln1, *dln2, *dog, *dgz_f, *dg1, *df1, *dlnf, *wprod;
-    floatX *dresid_x, *dh_x, *dma_x, *dmg_x, *dmu_x, *dgz_x, *dg1_x, *df1_x, *dO_x, *dqp_x, *dkp_x, *dvp_x;
-    floatX *dbeta_pre_x, *dg_pre_x, *dgp_pre_x, *dbp_pre_x;
+    float *dresid, *dh, *dln1, *dln2, *dog, *dgz_f, *dlnf, *wprod;
+    floatX *dresid_x, *dh_x, *dma_x, *dmg_x, *dmu_x, *dgz_x, *dO_x, *dg_pre_x;
+    floatX *din_x, *win_x;  // (N, ip.width) the packed gradients of ln1's projections, (ip.width, d) their weights
     float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dg_pre_f, *alog_prod, *pbuf;
     int *bucket_tok, *bucket_start, *bucket_pos;
 };
 
+// The projections that read ln1 (q, k, v, the gates, f1, g1) in one packed order: their output gradients are column
+// slices of one (N, width) floatX matrix and their weights are copied into one (width, d) matrix, so that ln1's
+// gradient is one GEMM instead of one per projection (most are skinny, N x 8, and each was a full read-modify-write
+// of the fp32 dln1). Slices start at multiples of 8 columns (16-byte rows for cuBLASLt); the pads stay zero.
+struct InProj { int n, width, id[9], rows[9], off[9]; };
+static InProj in_proj_layout(const PdnLayout* lay) {
+    static const int ids[] = {T_WQ, T_WK, T_WV, T_WB, T_WA, T_WF1, T_WAP, T_WBP, T_WG1};
+    InProj p;
+    memset(&p, 0, sizeof(p));
+    for (int id : ids) {
+        if (lay->t[id].numel == 0) { continue; }
+        p.id[p.n] = id;
+        p.rows[p.n] = lay->t[id].shape[1]; // per-layer tensors: (L, rows, d)
+        p.off[p.n] = p.width;
+        p.width += (p.rows[p.n] + 7) / 8 * 8;
+        p.n++;
+    }
+    return p;
+}
+
 struct Acts {
     int B, T, Tp, NC;
     ChunkShape cs;
+    InProj ip;
     Arena arena;
     std::vector<LayerActs> L;
     floatX* resid;                // (L+1, N, d)
@@ -2885,7 +2920,7 @@ static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, 
     ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V);
     if (diag) { ar.add(&sc->pc_loc, rows * K); ar.add(&sc->pc_a, nq * K); ar.add(&sc->pc_b, nq * K); ar.add(&sc->pc_c, nq); }
     if (!with_grads) { return; }
-    ar.add(&sc->dVloc, rows * V); ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K); ar.add(&sc->dW, rows * K);
+    ar.add(&sc->dVloc, rows * V); ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
     ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V); ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
     ar.add(&sc->dWx, rows * K); ar.add(&sc->dXx, rows * K); ar.add(&sc->dYx, rows * V);
     ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dbetaA, rows);
@@ -2902,6 +2937,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
     int d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c), I = c->mlp_hidden, L = c->n_layer;
     int gk = decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
     a.cs = ChunkShape{B, H, T, Tp, C, NC, K, V, gk, (long)B * H * NC};
+    a.ip = in_proj_layout(&m->lay);
     long N = (long)B * T, rows = (long)B * H * Tp;
     int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
     Arena& ar = a.arena;
@@ -2942,16 +2978,14 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln1, N * d); ar.add(&g.dln2, N * d);
         ar.add(&g.dma_x, N * I); ar.add(&g.dog, N * HV); ar.add(&g.dlnf, N * d); ar.add(&g.wprod, wp);
         ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
-        ar.add(&g.dO_x, rows * V); ar.add(&g.dqp_x, N * HK); ar.add(&g.dkp_x, N * HK); ar.add(&g.dvp_x, N * HV);
-        ar.add(&g.dbeta_pre_x, N * H);
-        if (c->out_gate) { ar.add(&g.dgz_f, N * HV); ar.add(&g.dgz_x, N * HV); ar.add(&g.dg1, N * V); ar.add(&g.dg1_x, N * V); }
-        if (chan) { ar.add(&g.df1, N * V); ar.add(&g.df1_x, N * V); }
-        if (gk) { ar.add(&g.dg_pre_x, N * H * gw); ar.add(&g.dg, rows * gw); }
+        ar.add(&g.dO_x, rows * V);
+        ar.add(&g.din_x, N * a.ip.width); ar.add(&g.win_x, (long)a.ip.width * d);
+        if (c->out_gate) { ar.add(&g.dgz_f, N * HV); ar.add(&g.dgz_x, N * HV); }
+        if (chan) { ar.add(&g.dg_pre_x, N * H * gw); } // W_f2's output gradient (f1's goes into din_x)
+        if (gk) { ar.add(&g.dg, rows * gw); }
         ar.add(&g.dg_pre_f, N * H * gw);
         ar.add(&g.alog_prod, N * H * gw);
-        if (diag) {
-            ar.add(&g.dgp_pre_x, N * H); ar.add(&g.dbp_pre_x, N * H); ar.add(&g.dgp, rows); ar.add(&g.dbp, rows);
-        }
+        if (diag) { ar.add(&g.dgp, rows); ar.add(&g.dbp, rows); }
         if (exact) { ar.add(&g.pbuf, (long)B * H * (C + 1) * K * K); }
         ar.add(&g.dq, rows * K); ar.add(&g.dkh, rows * K); ar.add(&g.dkt, rows * K); ar.add(&g.dv, rows * V);
         ar.add(&g.dbeta, rows);
@@ -3434,6 +3468,13 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     float qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
     GradBufs& g = a->gb;
     int head = c->tie_embeddings ? T_WTE : T_LM_HEAD;
+    const InProj& ip = a->ip;
+    int ldi = ip.width;
+    auto din = [&](int id) { // the column slice of projection id in the packed gradients
+        for (int i = 0; i < ip.n; i++) { if (ip.id[i] == id) { return g.din_x + ip.off[i]; } }
+        fail(EXIT_SYSTEM, "internal: projection %d is not in the packed layout", id);
+        return (floatX*)nullptr;
+    };
     { PROF("bwd.classifier+final_norm");
     cudaCheck(cudaMemsetAsync(g.dresid, 0, N * d * sizeof(float), main_stream));
     matmul_backward(g.dlnf, DINP_SET, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
@@ -3456,7 +3497,6 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         // mixer: h = x + W_o og
         { PROF("bwd.o+onorm+gate");
         matmul_backward(g.dog, DINP_SET, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
-        cudaCheck(cudaMemsetAsync(g.dln1, 0, N * d * sizeof(float), main_stream));
         {
             int nblk = cdiv(N * H, ONORM_ROWS);
             onorm_gate_backward_kernel<<<nblk, 256, 0, main_stream>>>(g.dO_x, g.dgz_x, g.dgz_f, colsum_partials(nblk, V), g.dog,
@@ -3467,9 +3507,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         }
         if (c->out_gate) {
             colsum_add(GG(T_BG2, l), g.dgz_f, N, HV);
-            matmul_backward(g.dg1, DINP_SET, GG(T_WG2, l), g.dgz_x, la.g1, PP(T_WG2, l), (int)N, V, HV);
-            to_floatX(g.dg1_x, g.dg1, N * V);
-            matmul_backward(g.dln1, DINP_ADD, GG(T_WG1, l), g.dg1_x, la.ln1, PP(T_WG1, l), (int)N, d, V);
+            matmul_backward(din(T_WG1), DINP_SETX, GG(T_WG2, l), g.dgz_x, la.g1, PP(T_WG2, l), (int)N, V, HV, 0, ldi);
         }
         }
         delta_chunk_backward(g.dq, g.dkh, g.dkt, g.dv, g.dbeta, gk ? g.dg : nullptr, &a->sc, &la.mx, g.dO_x, la.qn, la.kn,
@@ -3487,35 +3525,33 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         } }
         { PROF("bwd.gates");
         if (c->precond == PRECOND_DIAG) {
-            gate_backward(g.dgp_pre_x, g.dg_pre_f, g.alog_prod, GG(T_DT_BIASP, l), GG(T_A_LOGP, l), g.wprod, g.dgp, la.gp,
+            gate_backward(din(T_WAP), ldi, g.dg_pre_f, g.alog_prod, GG(T_DT_BIASP, l), GG(T_A_LOGP, l), g.wprod, g.dgp, la.gp,
                           la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 1.0f, B, T, H, 1, Tp);
-            gate_backward(g.dbp_pre_x, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr,
+            gate_backward(din(T_WBP), ldi, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr,
                           nullptr, 0, 1.0f, B, T, H, 1, Tp);
-            matmul_backward(g.dln1, DINP_ADD, GG(T_WAP, l), g.dgp_pre_x, la.ln1, PP(T_WAP, l), (int)N, d, H);
-            matmul_backward(g.dln1, DINP_ADD, GG(T_WBP, l), g.dbp_pre_x, la.ln1, PP(T_WBP, l), (int)N, d, H);
         }
         if (c->decay == DECAY_SCALAR) {
-            gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
+            gate_backward(din(T_WA), ldi, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
                           PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, Tp);
-            matmul_backward(g.dln1, DINP_ADD, GG(T_WA, l), g.dg_pre_x, la.ln1, PP(T_WA, l), (int)N, d, H);
         } else if (c->decay == DECAY_CHANNEL) {
-            gate_backward(g.dg_pre_x, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
+            gate_backward(g.dg_pre_x, HK, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
                           PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Tp);
-            matmul_backward(g.df1, DINP_SET, GG(T_WF2, l), g.dg_pre_x, la.f1, PP(T_WF2, l), (int)N, V, HK);
-            to_floatX(g.df1_x, g.df1, N * V);
-            matmul_backward(g.dln1, DINP_ADD, GG(T_WF1, l), g.df1_x, la.ln1, PP(T_WF1, l), (int)N, d, V);
+            matmul_backward(din(T_WF1), DINP_SETX, GG(T_WF2, l), g.dg_pre_x, la.f1, PP(T_WF2, l), (int)N, V, HK, 0, ldi);
         }
-        gate_backward(g.dbeta_pre_x, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
-                      0, bmax, B, T, H, 1, Tp);
-        matmul_backward(g.dln1, DINP_ADD, GG(T_WB, l), g.dbeta_pre_x, la.ln1, PP(T_WB, l), (int)N, d, H); }
+        gate_backward(din(T_WB), ldi, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
+                      0, bmax, B, T, H, 1, Tp); }
         { PROF("bwd.l2norm+conv");
-        conv_norm_backward(g.dqp_x, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, la.qc, la.qp, PP(T_CONV_Q, l), B, T, H, K, cs, Tp, 1, qscale);
-        conv_norm_backward(g.dkp_x, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, la.kc, la.kp, PP(T_CONV_K, l), B, T, H, K, cs, Tp, 1, 1.0f);
-        conv_norm_backward(g.dvp_x, GG(T_CONV_V, l), g.dv, la.v, nullptr, la.vc, la.vp, PP(T_CONV_V, l), B, T, H, V, cs, Tp, 0, 1.0f); }
-        PROF("bwd.matmul.qkv+norm");
-        matmul_backward(g.dln1, DINP_ADD, GG(T_WQ, l), g.dqp_x, la.ln1, PP(T_WQ, l), (int)N, d, HK);
-        matmul_backward(g.dln1, DINP_ADD, GG(T_WK, l), g.dkp_x, la.ln1, PP(T_WK, l), (int)N, d, HK);
-        matmul_backward(g.dln1, DINP_ADD, GG(T_WV, l), g.dvp_x, la.ln1, PP(T_WV, l), (int)N, d, HV);
+        conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, la.qc, la.qp, PP(T_CONV_Q, l), B, T, H, K, cs, Tp, 1, qscale);
+        conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, la.kc, la.kp, PP(T_CONV_K, l), B, T, H, K, cs, Tp, 1, 1.0f);
+        conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, la.vc, la.vp, PP(T_CONV_V, l), B, T, H, V, cs, Tp, 0, 1.0f); }
+        PROF("bwd.matmul.in_proj+norm");
+        // each weight's gradient from its slice; ln1's from all of them in one GEMM over the packed weights
+        for (int i = 0; i < ip.n; i++) {
+            cudaCheck(cudaMemcpyAsync(g.win_x + (size_t)ip.off[i] * d, PP(ip.id[i], l), (size_t)ip.rows[i] * d * sizeof(floatX),
+                                      cudaMemcpyDeviceToDevice, main_stream));
+            matmul_backward(nullptr, 0, GG(ip.id[i], l), g.din_x + ip.off[i], la.ln1, nullptr, (int)N, d, ip.rows[i], ldi);
+        }
+        matmul_lt(g.dln1, true, g.din_x, false, g.win_x, false, (int)N, d, ldi, 1.0f, 0.0f, nullptr);
         // dresid = dh + the norm's backward: the gradient of this layer's input (and its floatX copy for the next)
         rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d,
                          g.dh, g.dresid_x);

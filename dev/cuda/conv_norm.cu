@@ -240,7 +240,7 @@ static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale,
 static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale) {
     const float* r = norm ? d.rstd : nullptr;
     if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else { conv_norm_backward(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else { conv_norm_backward(d.dz, s.H * s.D, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
 }
 
 static void validate_case(int version_sel, const CvShape& s, int norm, int hist, uint64_t seed) {
