@@ -2181,6 +2181,81 @@ __global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) { Tx[o0 + e] = fromf<floatX>(Ps[(e / C) * ld + e % C]); }
 }
 
+// Its backward on tensor cores: the masked dPm = dP ⊙ E (lower with diagonal) and dMm = beta_i dA ⊙ E (strictly
+// lower) in bf16 shared memory (as the unfused path rounds them for its GEMMs), dbetaA_i = Σ_j dA_ij Mk_ij, then
+// dq_s = dPm K̃, dk̂_s = dMm K̃, dk̃_s = dPmᵀ Q̂ + dMmᵀ K̂ as WMMA tiles over the nonzero blocks, stored straight to
+// global memory. Replaces the mask kernel and four batched GEMMs with their bf16 round trips.
+#define SB_LC(C) ((C) + 8)
+static __host__ __device__ size_t smem_bwd_scores_scalar_tc(int C, int K) {
+    return 3 * scan_align((size_t)C * SCAN_PADK(K) * 2) + 2 * scan_align((size_t)C * SB_LC(C) * 2) + (size_t)C * 4;
+}
+__global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, float* dkh_s, float* dkt_s, float* dbetaA,
+                                                                  const float* dP, const float* dA, const float* Mk,
+                                                                  const floatX* Q, const floatX* Kh, const floatX* Kt,
+                                                                  const float* G, const float* beta, ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, kp = SCAN_PADK(K), lc = SB_LC(C), nb = C / 16, kt = K / 16;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    unsigned char* p = smem_raw;
+    __nv_bfloat16* Qs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);  // C x kp staged q̂
+    __nv_bfloat16* Khs = (__nv_bfloat16*)p; p += scan_align((size_t)C * kp * 2);  // C x kp staged k̂
+    __nv_bfloat16* Kts = (__nv_bfloat16*)p; p += scan_align((size_t)C * kp * 2);  // C x kp staged k̃
+    __nv_bfloat16* dPx = (__nv_bfloat16*)p; p += scan_align((size_t)C * lc * 2);  // C x lc dPm
+    __nv_bfloat16* dMx = (__nv_bfloat16*)p; p += scan_align((size_t)C * lc * 2);  // C x lc dMm
+    float* gs = (float*)p;                                                        // C: G of the chunk
+    long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
+    stage_async(Qs, kp * 2, Q + r0 * K, (long)K * 2, C, K * 2);
+    stage_async(Khs, kp * 2, Kh + r0 * K, (long)K * 2, C, K * 2);
+    stage_async(Kts, kp * 2, Kt + r0 * K, (long)K * 2, C, K * 2);
+    __pipeline_commit();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) { gs[i] = s.gk ? G[r0 + i] : 0.0f; }
+    __syncthreads();
+    for (int i = warp; i < C; i += nw) { // a warp per row, lanes over j: the same order of the dbetaA sum as the mask kernel
+        float b = beta[r0 + i], db = 0.0f;
+        for (int j = lane; j < C; j += 32) {
+            long e = o0 + (long)i * C + j;
+            float E = (s.gk && j <= i) ? expf(gs[i] - gs[j]) : 1.0f; // never above the diagonal: overflow
+            dPx[i * lc + j] = __float2bfloat16(j <= i ? dP[e] * E : 0.0f);
+            float da = j < i ? dA[e] : 0.0f;
+            db += da * Mk[e];
+            dMx[i * lc + j] = __float2bfloat16(b * da * E);
+        }
+        db = warp_sum(db);
+        if (lane == 0) { dbetaA[r0 + i] = db; }
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    int ntile = nb * kt; // output tiles (16 rows x 16 channels) of each of the three products
+    for (int t = warp; t < 3 * ntile; t += nw) {
+        int which = t / ntile, I = (t % ntile) / kt, n = t % kt;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        if (which < 2) { // dq_s = dPm K̃ or dk̂_s = dMm K̃: row block I needs column blocks J <= I
+            const __nv_bfloat16* Dx = which == 0 ? dPx : dMx;
+            for (int J = 0; J <= I; J++) {
+                FragA a;
+                FragB b;
+                wmma::load_matrix_sync(a, Dx + 16 * I * lc + 16 * J, lc);
+                wmma::load_matrix_sync(b, Kts + 16 * J * kp + 16 * n, kp);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync((which == 0 ? dq_s : dkh_s) + (r0 + 16 * I) * K + 16 * n, acc, K, wmma::mem_row_major);
+        } else { // dk̃_s = dPmᵀ Q̂ + dMmᵀ K̂: row block I of the output takes the blocks (J, I), J >= I, transposed
+            for (int J = I; J < nb; J++) {
+                FragAT a;
+                FragB b;
+                wmma::load_matrix_sync(a, dPx + 16 * J * lc + 16 * I, lc);
+                wmma::load_matrix_sync(b, Qs + 16 * J * kp + 16 * n, kp);
+                wmma::mma_sync(acc, a, b, acc);
+                wmma::load_matrix_sync(a, dMx + 16 * J * lc + 16 * I, lc);
+                wmma::load_matrix_sync(b, Khs + 16 * J * kp + 16 * n, kp);
+                wmma::mma_sync(acc, a, b, acc);
+            }
+            wmma::store_matrix_sync(dkt_s + (r0 + 16 * I) * K + 16 * n, acc, K, wmma::mem_row_major);
+        }
+    }
+}
+
 // backward, rows side: dq_s_i = Σ_{j<=i} dP_ij k̃_j ⊙ e^(G_i - G_j), dk̂_s_i = Σ_{j<i} dM_ij k̃_j ⊙ e^(G_i - G_j) (dM = beta dA),
 // and dbetaA_i = Σ_j dA_ij Mk_ij. Each warp owns output tiles n = warp, warp + 8 (K <= 256) across the J loop.
 __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, float* dkh_s, float* dbetaA, const float* dP,
@@ -2436,93 +2511,137 @@ __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float*
 //   dv = beta dY;  dbeta = Σ dX ⊙ K̂e^G + Σ dY ⊙ V + dbetaA
 //   dG_i = q̂_i ⊙ dq_i + k̂_i ⊙ dk̂_i - k̃_i ⊙ dk̃_i, plus at i = n: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) + e^G_n ⊙ Σ_v dS ⊙ S
 //   dg = reverse cumsum of dG inside the chunk (summed over channels for a scalar decay)
+template <int VEC>
 __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dkh, float* __restrict__ dkt, float* __restrict__ dv, float* __restrict__ dbeta, float* __restrict__ dg,
                                   const float* __restrict__ dQg, const float* __restrict__ dq_s, const float* __restrict__ dX, const float* __restrict__ dkh_s, const float* __restrict__ dkt_s,
                                   const float* __restrict__ dKd, const float* __restrict__ dY, const float* __restrict__ dbetaA, const floatX* __restrict__ Q, const floatX* __restrict__ Kh,
                                   const floatX* __restrict__ Kt, const floatX* __restrict__ Vv, const float* __restrict__ G, const float* __restrict__ beta,
                                   const floatX* __restrict__ hstate, const floatX* __restrict__ dhstate, int fold_kt, ChunkShape s) {
+    // VEC consecutive channels per thread: 16-byte fp32 and VEC-wide floatX accesses (this kernel only moves memory)
+    struct alignas(VEC * 4) F4 { float v[VEC]; };
+    struct alignas(VEC * sizeof(floatX)) X4 { floatX v[VEC]; };
     extern __shared__ float sm[];
-    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, chan = s.gk > 1;
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, chan = s.gk > 1, kv = K / VEC, vv = V / VEC;
     float* Gc = sm;              // C * K: per-element dG contributions
     float* Kx = Gc + C * K;      // C * K: k̃ ⊙ (dKd exp(G_n - G)), for the last row's extra term
-    float* extra = Kx + C * K;   // K
+    float* bk = Kx + C * K;      // C * kv: dbeta's key-side partial sums, VEC channels each
+    float* bv = bk + C * kv;     // C * vv: dbeta's value-side partial sums
+    float* extra = bv + C * vv;  // K
     float* rows = extra + K;     // C: scalar decay, dG per row
     float* hsum = rows + C;      // K: Σ_v dS ⊙ S per state row
     long q = blockIdx.x, r0 = q * C;
-    int n1 = C - 1;
-    #pragma unroll 4
-    for (int e = threadIdx.x; e < C * K; e += blockDim.x) {
-        int i = e / K, c = e % K, gc = chan ? c : 0;
-        long idx = (r0 + i) * K + c;
-        float eg = 1.0f, ed = 1.0f;
-        if (s.gk) { float gi = G[(r0 + i) * gw + gc]; eg = expf(gi); ed = expf(G[(r0 + n1) * gw + gc] - gi); }
-        float b = beta[r0 + i], qv = tof(Q[idx]), khv = tof(Kh[idx]), ktv = tof(Kt[idx]);
-        float dqv = dQg[idx] * eg + dq_s[idx];
-        float dkd = dKd[idx] * ed;
-        float dktv = dkt_s[idx] + dkd;
-        float dkhv = b * dX[idx] * eg + dkh_s[idx];
-        dq[idx] = dqv;
-        dkt[idx] = dktv;
-        dkh[idx] = fold_kt ? dkhv + dktv : dkhv;
-        Gc[e] = qv * dqv + khv * dkhv - ktv * dktv;
-        Kx[e] = ktv * dkd;
+    int n1 = C - 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    #pragma unroll 2
+    for (int e = threadIdx.x * VEC; e < C * K; e += blockDim.x * VEC) {
+        int i = e / K, c0 = e % K;
+        long idx = (r0 + i) * K + c0;
+        float b = beta[r0 + i], gn = 0.0f, gi1 = 0.0f, bsum = 0.0f;
+        if (s.gk && !chan) { gi1 = G[r0 + i]; gn = G[r0 + n1]; }
+        F4 vq = *(const F4*)(dQg + idx), vqs = *(const F4*)(dq_s + idx), vkd = *(const F4*)(dKd + idx);
+        F4 vkts = *(const F4*)(dkt_s + idx), vx = *(const F4*)(dX + idx), vkhs = *(const F4*)(dkh_s + idx);
+        X4 xq = *(const X4*)(Q + idx), xkh = *(const X4*)(Kh + idx), xkt = *(const X4*)(Kt + idx);
+        F4 oq, okt, okh, gc, kx;
+        #pragma unroll
+        for (int u = 0; u < VEC; u++) {
+            float eg = 1.0f, ed = 1.0f;
+            if (s.gk) {
+                float gi = chan ? G[(r0 + i) * gw + c0 + u] : gi1, gl = chan ? G[(r0 + n1) * gw + c0 + u] : gn;
+                eg = expf(gi);
+                ed = expf(gl - gi);
+            }
+            float qv = tof(xq.v[u]), khv = tof(xkh.v[u]), ktv = tof(xkt.v[u]);
+            float dqv = vq.v[u] * eg + vqs.v[u];
+            float dkd = vkd.v[u] * ed;
+            float dktv = vkts.v[u] + dkd;
+            float dkhv = b * vx.v[u] * eg + vkhs.v[u];
+            oq.v[u] = dqv;
+            okt.v[u] = dktv;
+            okh.v[u] = fold_kt ? dkhv + dktv : dkhv;
+            gc.v[u] = qv * dqv + khv * dkhv - ktv * dktv;
+            kx.v[u] = ktv * dkd;
+            bsum += vx.v[u] * khv * eg; // dbeta: Σ_c dX ⊙ K̂ e^G
+        }
+        *(F4*)(dq + idx) = oq;
+        *(F4*)(dkt + idx) = okt;
+        *(F4*)(dkh + idx) = okh;
+        *(F4*)(Gc + e) = gc;
+        *(F4*)(Kx + e) = kx;
+        bk[e / VEC] = bsum;
     }
-    #pragma unroll 4
-    for (int e = threadIdx.x; e < C * V; e += blockDim.x) {
-        long idx = (r0 + e / V) * V + e % V;
-        dv[idx] = beta[r0 + e / V] * dY[idx];
+    #pragma unroll 2
+    for (int e = threadIdx.x * VEC; e < C * V; e += blockDim.x * VEC) {
+        int i = e / V;
+        long idx = (r0 + i) * V + e % V;
+        float b = beta[r0 + i], bsum = 0.0f;
+        F4 y = *(const F4*)(dY + idx), o;
+        X4 xv = *(const X4*)(Vv + idx);
+        #pragma unroll
+        for (int u = 0; u < VEC; u++) {
+            o.v[u] = b * y.v[u];
+            bsum += y.v[u] * tof(xv.v[u]); // dbeta: Σ_v dY ⊙ V
+        }
+        *(F4*)(dv + idx) = o;
+        bv[e / VEC] = bsum;
     }
     __syncthreads();
-    if (s.gk) {
-        // the last row's extra terms, per channel: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) and e^G_n ⊙ Σ_v dS ⊙ S (a warp per row)
-        int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-        for (int a = warp; a < K; a += nw) {
-            float sum = 0.0f;
-            for (int c = lane; c < V; c += 32) { sum += tof(dhstate[(q * K + a) * V + c]) * tof(hstate[(q * K + a) * V + c]); }
-            sum = warp_sum(sum);
-            if (lane == 0) { hsum[a] = sum; }
-        }
-        __syncthreads();
-        for (int a = threadIdx.x; a < K; a += blockDim.x) {
-            float kx = 0.0f;
-            for (int i = 0; i < C; i++) { kx += Kx[i * K + a]; }
-            extra[a] = kx + expf(G[(r0 + n1) * gw + (chan ? a : 0)]) * hsum[a];
-        }
-        __syncthreads();
-        if (chan) {
-            for (int a = threadIdx.x; a < K; a += blockDim.x) {
-                float acc = extra[a];
-                for (int i = n1; i >= 0; i--) { acc += Gc[i * K + a]; dg[(r0 + i) * K + a] = acc; }
-            }
-        } else {
-            // a warp per row (a thread per row would read Gc with a stride of K: one bank for the whole warp)
-            int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-            for (int i = warp; i < C; i += nw) {
-                float sr = 0.0f;
-                for (int a = lane; a < K; a += 32) { sr += Gc[i * K + a]; }
-                sr = warp_sum(sr);
-                if (lane == 0) { rows[i] = sr; }
-            }
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                float acc = 0.0f;
-                for (int a = 0; a < K; a++) { acc += extra[a]; }
-                for (int i = n1; i >= 0; i--) { acc += rows[i]; dg[r0 + i] = acc; }
-            }
-        }
-    }
-    // dbeta_i = Σ_c dX ⊙ K̂ e^G + Σ_v dY ⊙ V + dbetaA, one warp per row
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    // dbeta_i = the partial sums of row i + dbetaA, a warp per row, fixed order
     for (int i = warp; i < C; i += nw) {
         float sacc = 0.0f;
-        for (int c = lane; c < K; c += 32) {
-            long idx = (r0 + i) * K + c;
-            float eg = s.gk ? expf(G[(r0 + i) * gw + (chan ? c : 0)]) : 1.0f;
-            sacc += dX[idx] * tof(Kh[idx]) * eg;
-        }
-        for (int c = lane; c < V; c += 32) { sacc += dY[(r0 + i) * V + c] * tof(Vv[(r0 + i) * V + c]); }
+        for (int k = lane; k < kv; k += 32) { sacc += bk[i * kv + k]; }
+        for (int k = lane; k < vv; k += 32) { sacc += bv[i * vv + k]; }
         sacc = warp_sum(sacc);
         if (lane == 0) { dbeta[r0 + i] = sacc + dbetaA[r0 + i]; }
+    }
+    if (!s.gk) { return; }
+    // the last row's extra terms, per channel: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) and e^G_n ⊙ Σ_v dS ⊙ S (a warp per
+    // state row, VEC columns per lane)
+    for (int a = warp; a < K; a += nw) {
+        float sum = 0.0f;
+        for (int c = lane * VEC; c < V; c += 32 * VEC) {
+            X4 h = *(const X4*)(hstate + (q * K + a) * V + c), dh = *(const X4*)(dhstate + (q * K + a) * V + c);
+            #pragma unroll
+            for (int u = 0; u < VEC; u++) { sum += tof(dh.v[u]) * tof(h.v[u]); }
+        }
+        sum = warp_sum(sum);
+        if (lane == 0) { hsum[a] = sum; }
+    }
+    __syncthreads();
+    for (int a = threadIdx.x; a < K; a += blockDim.x) {
+        float kx = 0.0f;
+        for (int i = 0; i < C; i++) { kx += Kx[i * K + a]; }
+        extra[a] = kx + expf(G[(r0 + n1) * gw + (chan ? a : 0)]) * hsum[a];
+    }
+    __syncthreads();
+    if (chan) {
+        for (int a = threadIdx.x; a < K; a += blockDim.x) {
+            float acc = extra[a];
+            for (int i = n1; i >= 0; i--) { acc += Gc[i * K + a]; dg[(r0 + i) * K + a] = acc; }
+        }
+        return;
+    }
+    // scalar decay: dG per row (a warp per row: a thread per row would read Gc with a stride of K, one bank for the
+    // whole warp), then the reverse cumsum over rows, by warp 0: lane l owns rows l*per .. l*per+per-1
+    for (int i = warp; i < C; i += nw) {
+        float sr = 0.0f;
+        for (int a = lane; a < K; a += 32) { sr += Gc[i * K + a]; }
+        sr = warp_sum(sr);
+        if (lane == 0) { rows[i] = sr; }
+    }
+    __syncthreads();
+    if (warp == 0) {
+        float tot = 0.0f;
+        for (int a = lane; a < K; a += 32) { tot += extra[a]; }
+        tot = warp_sum(tot);
+        int per = (C + 31) / 32, lo = min(lane * per, C), hi = min(lo + per, C);
+        float part = 0.0f;
+        for (int i = lo; i < hi; i++) { part += rows[i]; }
+        float suf = part; // inclusive suffix sum over lanes
+        for (int o = 1; o < 32; o <<= 1) {
+            float v = __shfl_down_sync(0xffffffff, suf, o);
+            if (lane + o < 32) { suf += v; }
+        }
+        float acc = tot + (suf - part);
+        for (int i = hi - 1; i >= lo; i--) { acc += rows[i]; dg[r0 + i] = acc; }
     }
 }
 
@@ -2575,7 +2694,11 @@ static size_t smem_scores_channel_bwd(const ChunkShape& s) {
 }
 static size_t smem_state_fwd(const ChunkShape& s) { return (size_t)(s.K * SCAN_BV + s.C * SCAN_BV + s.C * (s.K + 1)) * sizeof(float); }
 static size_t smem_state_bwd(const ChunkShape& s) { return (size_t)(s.K * SCAN_BV + 2 * s.C * SCAN_BV + 2 * s.C * (s.K + 1)) * sizeof(float); }
-static size_t smem_finish(const ChunkShape& s) { return (size_t)(2 * s.C * s.K + 2 * s.K + s.C) * sizeof(float); }
+static int finish_vec(const ChunkShape& s) { return s.K % 4 == 0 && s.V % 4 == 0 ? 4 : 1; }
+static size_t smem_finish(const ChunkShape& s) {
+    int v = finish_vec(s);
+    return (size_t)(2 * s.C * s.K + s.C * (s.K / v) + s.C * (s.V / v) + 2 * s.K + s.C) * sizeof(float);
+}
 
 // raise the dynamic shared-memory limits once (above 48 KB needs an opt-in); the limit is what the device allows a
 // block minus the kernel's own static shared memory
@@ -2600,13 +2723,15 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(scores_channel_backward_kernel, optin);
     allow_dynamic_smem(state_forward_kernel, optin);
     allow_dynamic_smem(state_backward_kernel, optin);
-    allow_dynamic_smem(bwd_finish_kernel, optin);
+    allow_dynamic_smem(bwd_finish_kernel<1>, optin);
+    allow_dynamic_smem(bwd_finish_kernel<4>, optin);
     allow_dynamic_smem(tri_inverse_kernel, optin);
 #ifndef ENABLE_FP32
     allow_dynamic_smem(scores_channel_tc_kernel, optin);
     allow_dynamic_smem(scores_channel_dq_tc_kernel, optin);
     allow_dynamic_smem(scores_channel_dkt_tc_kernel, optin);
     allow_dynamic_smem(scores_scalar_tc_kernel, optin);
+    allow_dynamic_smem(bwd_scores_scalar_tc_kernel, optin);
     allow_dynamic_smem(state_forward_wmma_kernel, optin);
     allow_dynamic_smem(state_backward_wmma_kernel, optin);
 #endif
@@ -2622,8 +2747,8 @@ static bool scores_use_tc(const ChunkShape& s) {
     return !scores_force_fma && s.gk > 1 && s.K % 16 == 0 && s.K <= 256 && s.C % SUB == 0 && need + 1024 <= (size_t)smem_optin;
 }
 static bool scores_scalar_fused(const ChunkShape& s) {
-    return !scores_force_fma && s.gk <= 1 && s.K % 16 == 0 && s.C % 16 == 0 &&
-           smem_scores_scalar_tc(s.C, s.K) + 1024 <= (size_t)smem_optin;
+    size_t need = std::max(smem_scores_scalar_tc(s.C, s.K), smem_bwd_scores_scalar_tc(s.C, s.K));
+    return !scores_force_fma && s.gk <= 1 && s.K % 16 == 0 && s.C % 16 == 0 && need + 1024 <= (size_t)smem_optin;
 }
 #endif
 
@@ -2741,7 +2866,15 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
         scores_channel_backward_kernel<<<nq, 256, smem_scores_channel_bwd(s), main_stream>>>(
             sc->dq_s, sc->dkh_s, sc->dkt_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Q, Kh, Kt, sv->G, beta, s);
         cudaCheck(cudaGetLastError());
-    } else {
+    } else
+#ifndef ENABLE_FP32
+    if (scores_scalar_fused(s)) {
+        bwd_scores_scalar_tc_kernel<<<nq, 256, smem_bwd_scores_scalar_tc(C, K), main_stream>>>(
+            sc->dq_s, sc->dkh_s, sc->dkt_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Q, Kh, Kt, sv->G, beta, s);
+        cudaCheck(cudaGetLastError());
+    } else
+#endif
+    {
         bwd_scores_mask_kernel<<<cdiv(rows, 8), 256, 0, main_stream>>>(sc->dPm, sc->dMm, sc->dbetaA, sc->dP, sc->dA, sv->Mk,
                                                                        sv->G, beta, s);
         cudaCheck(cudaGetLastError());
@@ -2752,9 +2885,10 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     }
     }
     PROF("mixer.bwd.finish");
-    bwd_finish_kernel<<<nq, 256, smem_finish(s), main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX,
-                                                                sc->dkh_s, sc->dkt_s, sc->dKd, sc->dY, sc->dbetaA, Q, Kh, Kt,
-                                                                Vv, sv->G, beta, sv->hstate, sc->dhstate, fold_kt, s);
+    auto finish = finish_vec(s) == 4 ? bwd_finish_kernel<4> : bwd_finish_kernel<1>;
+    finish<<<nq, 256, smem_finish(s), main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX, sc->dkh_s, sc->dkt_s,
+                                                     sc->dKd, sc->dY, sc->dbetaA, Q, Kh, Kt, Vv, sv->G, beta, sv->hstate,
+                                                     sc->dhstate, fold_kt, s);
     cudaCheck(cudaGetLastError());
 }
 
