@@ -1791,13 +1791,19 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
     if (s.gk) { stage_glast(Gl, G, rb + C - 1, gw); }
     stage_async(Kds, kp * 2, Kd + rb * K, (long)K * 2, C, K * 2);
     __pipeline_commit();
-    int mt = C / 16, kt = K / 16;
+    int mt = C / 16, kt = K / 16, lane = threadIdx.x % 32;
+    float* dec = Gl + gw; // K: the chunk's decay factor per state row (1 for no decay)
+    // element-wise work goes by 8 consecutive columns (16-byte accesses): lane l of a warp owning a 16 x 16 tile takes
+    // row l / 2, columns (l % 2) * 8 .. + 7
+    int tr = lane / 2, tc = (lane % 2) * 8;
+    __syncthreads(); // Sb is complete
+    for (int e = threadIdx.x; e < K * SCAN_BV / 8; e += blockDim.x) { // hstate of chunk 0
+        int a = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
+        *(uint4*)(hstate + ((long)bh * s.NC * K + a) * V + v0 + c) = *(const uint4*)(Sb + a * SCAN_PADV + c);
+    }
     for (int ch = 0; ch < s.NC; ch++) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch + 1 < s.NC;
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            hstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = Sb[e / SCAN_BV * SCAN_PADV + e % SCAN_BV];
-        }
         __pipeline_wait_prior(1); // this chunk's W
         __syncthreads();
         // Vt = W Sb: (C x K)(K x 32), output tiles (mt x 2)
@@ -1806,11 +1812,11 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
             for (int k = 0; k < kt; k++) {
-                FragA a;
-                FragB b;
-                wmma::load_matrix_sync(a, Ws + 16 * i * kp + 16 * k, kp);
-                wmma::load_matrix_sync(b, Sb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, a, b, acc);
+                FragA fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, Ws + 16 * i * kp + 16 * k, kp);
+                wmma::load_matrix_sync(fb, Sb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
+                wmma::mma_sync(acc, fa, fb, acc);
             }
             wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
         }
@@ -1818,33 +1824,59 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
         __syncthreads();
         if (more) { stage_async(Ws, kp * 2, W + (r0 + C) * K, (long)K * 2, C, K * 2); }
         __pipeline_commit();
-        for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) { // V' = U - W S, rounded once
-            int i = e / SCAN_BV, c = e % SCAN_BV;
-            __nv_bfloat16 vx = __float2bfloat16(tof(Us[i * SCAN_PADV + c]) - Vt[i * SCAN_PADF + c]);
-            Vb[i * SCAN_PADV + c] = vx;
-            Vn[(r0 + i) * V + v0 + c] = vx;
+        for (int e = threadIdx.x; e < C * SCAN_BV / 8; e += blockDim.x) { // V' = U - W S, rounded once, 8 columns
+            int i = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
+            const float* vt = Vt + i * SCAN_PADF + c;
+            float4 v_lo = *(const float4*)vt, v_hi = *(const float4*)(vt + 4);
+            float vv[8] = {v_lo.x, v_lo.y, v_lo.z, v_lo.w, v_hi.x, v_hi.y, v_hi.z, v_hi.w};
+            uint4 u = *(const uint4*)(Us + i * SCAN_PADV + c), o;
+            const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
+            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
+            #pragma unroll
+            for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(__bfloat162float(ub[k]) - vv[k]); }
+            *(uint4*)(Vb + i * SCAN_PADV + c) = o;
+            *(uint4*)(Vn + (r0 + i) * V + v0 + c) = o;
         }
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            int a = e / SCAN_BV;
-            float gl = s.gk ? Gl[gw > 1 ? a : 0] : 0.0f;
-            S[a * SCAN_PADF + e % SCAN_BV] *= expf(gl);
+        for (int a = threadIdx.x; a < K; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[gw > 1 ? a : 0]) : 1.0f; }
+        if (gw > 1) { // channel decay: scale the rows of S here (a WMMA fragment does not say which row an element is)
+            __syncthreads();
+            for (int e = threadIdx.x; e < K * SCAN_BV / 4; e += blockDim.x) {
+                int a = e / (SCAN_BV / 4), c = e % (SCAN_BV / 4) * 4;
+                float4* sp = (float4*)(S + a * SCAN_PADF + c);
+                float4 x = *sp, f = make_float4(dec[a], dec[a], dec[a], dec[a]);
+                *sp = make_float4(x.x * f.x, x.y * f.y, x.z * f.z, x.w * f.w);
+            }
         }
         __syncthreads();
-        // S += Kdᵀ V': (K x C)(C x 32), output tiles (kt x 2) accumulated onto S
+        // S = decay S + Kdᵀ V': (K x C)(C x 32), tiles (kt x 2); the owning warp then rounds its tile into Sb and, if
+        // another chunk follows, writes it as that chunk's hstate
+        float fs = gw > 1 ? 1.0f : dec[0];
         for (int t = warp; t < kt * 2; t += SCAN_WARPS_FWD) {
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::load_matrix_sync(acc, S + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
+            for (int e = 0; e < acc.num_elements; e++) { acc.x[e] *= fs; }
             for (int k = 0; k < mt; k++) {
-                FragAT a;
-                FragB b;
-                wmma::load_matrix_sync(a, Kds + 16 * k * kp + 16 * i, kp);
-                wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, a, b, acc);
+                FragAT fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, Kds + 16 * k * kp + 16 * i, kp);
+                wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
+                wmma::mma_sync(acc, fa, fb, acc);
             }
             wmma::store_matrix_sync(S + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
+            __syncwarp();
+            int a = 16 * i + tr, c = 16 * j + tc;
+            const float* sp = S + a * SCAN_PADF + c;
+            float4 lo = *(const float4*)sp, hi = *(const float4*)(sp + 4);
+            float sv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            uint4 o;
+            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
+            #pragma unroll
+            for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(sv[k]); }
+            *(uint4*)(Sb + a * SCAN_PADV + c) = o;
+            if (more) { *(uint4*)(hstate + ((q + 1) * K + a) * V + v0 + c) = o; }
         }
-        __syncthreads();
+        __syncthreads(); // U and Kd are free
         if (more) {
             long rn = r0 + C;
             stage_async(Us, SCAN_PADV * 2, U + rn * V + v0, (long)V * 2, C, SCAN_BV * 2);
@@ -1852,11 +1884,6 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
             stage_async(Kds, kp * 2, Kd + rn * K, (long)K * 2, C, K * 2);
         }
         __pipeline_commit();
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            int a = e / SCAN_BV, c = e % SCAN_BV;
-            Sb[a * SCAN_PADV + c] = __float2bfloat16(S[a * SCAN_PADF + c]);
-        }
-        __syncthreads();
     }
     if (S_final) {
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
@@ -1903,72 +1930,95 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
     __pipeline_commit();
     stage2(rl);
     __pipeline_commit();
-    int mt = C / 16, kt = K / 16;
+    int mt = C / 16, kt = K / 16, lane = threadIdx.x % 32;
+    float* dec = Gl + gw; // K: the chunk's decay factor per state row (1 for no decay)
+    // as in the forward: the warp owning a 16 x 16 tile takes row lane / 2, columns (lane % 2) * 8 .. + 7 of it
+    int tr = lane / 2, tc = (lane % 2) * 8;
+    for (int e = threadIdx.x; e < K * SCAN_BV / 8; e += blockDim.x) { // dhstate of the last chunk: zero
+        int a = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
+        *(uint4*)(dhstate + (((long)bh * s.NC + s.NC - 1) * K + a) * V + v0 + c) = make_uint4(0, 0, 0, 0);
+    }
     for (int ch = s.NC - 1; ch >= 0; ch--) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch > 0;
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            dhstate[(q * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dSb[e / SCAN_BV * SCAN_PADV + e % SCAN_BV];
-        }
         __pipeline_wait_prior(1); // this chunk's Kd, dVloc, G_last
         __syncthreads();
-        // dV' = dVloc + Kd dSb: (C x K)(K x 32)
+        // dV' = dVloc + Kd dSb: (C x K)(K x 32); the owning warp rounds its tile into Vb and dVn
         for (int t = warp; t < mt * 2; t += SCAN_WARPS_BWD) {
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::load_matrix_sync(acc, dVl + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
             for (int k = 0; k < kt; k++) {
-                FragA a;
-                FragB b;
-                wmma::load_matrix_sync(a, Kds + 16 * i * kp + 16 * k, kp);
-                wmma::load_matrix_sync(b, dSb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, a, b, acc);
+                FragA fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, Kds + 16 * i * kp + 16 * k, kp);
+                wmma::load_matrix_sync(fb, dSb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
+                wmma::mma_sync(acc, fa, fb, acc);
             }
             wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
+            __syncwarp();
+            int row = 16 * i + tr, c = 16 * j + tc;
+            const float* vp = Vt + row * SCAN_PADF + c;
+            float4 lo = *(const float4*)vp, hi = *(const float4*)(vp + 4);
+            float vv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            uint4 o;
+            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
+            #pragma unroll
+            for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(vv[k]); }
+            *(uint4*)(Vb + row * SCAN_PADV + c) = o;
+            *(uint4*)(dVn + (r0 + row) * V + v0 + c) = o;
         }
-        __syncthreads();
-        for (int e = threadIdx.x; e < C * SCAN_BV; e += blockDim.x) {
-            int i = e / SCAN_BV, c = e % SCAN_BV;
-            __nv_bfloat16 vx = __float2bfloat16(Vt[i * SCAN_PADF + c]);
-            Vb[i * SCAN_PADV + c] = vx;
-            dVn[(r0 + e / SCAN_BV) * V + v0 + e % SCAN_BV] = vx;
-        }
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            int a = e / SCAN_BV;
-            float gl = s.gk ? Gl[gw > 1 ? a : 0] : 0.0f;
-            dS[a * SCAN_PADF + e % SCAN_BV] *= expf(gl);
-        }
+        for (int a = threadIdx.x; a < K; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[gw > 1 ? a : 0]) : 1.0f; }
         __pipeline_wait_prior(0); // this chunk's Qg, dO, W
         __syncthreads();
         if (more) { stage1(r0 - C); } // Kd, dVloc and G_last are free now
         __pipeline_commit();
-        // dS += Qgᵀ dO - Wᵀ dV': (K x C)(C x 32)
+        if (gw > 1) { // channel decay: scale the rows of dS here (a WMMA fragment does not say which row an element is)
+            for (int e = threadIdx.x; e < K * SCAN_BV / 4; e += blockDim.x) {
+                int a = e / (SCAN_BV / 4), c = e % (SCAN_BV / 4) * 4;
+                float4* sp = (float4*)(dS + a * SCAN_PADF + c);
+                float4 x = *sp;
+                float f = dec[a];
+                *sp = make_float4(x.x * f, x.y * f, x.z * f, x.w * f);
+            }
+            __syncthreads();
+        }
+        // dS = decay dS + Qgᵀ dO - Wᵀ dV': (K x C)(C x 32); the owning warp rounds its tile into dSb and, if an earlier
+        // chunk follows, writes it as that chunk's dhstate
+        float fs = gw > 1 ? 1.0f : dec[0];
         for (int t = warp; t < kt * 2; t += SCAN_WARPS_BWD) {
             int i = t / 2, j = t % 2;
             FragC acc, neg;
             wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
+            for (int e = 0; e < acc.num_elements; e++) { acc.x[e] *= fs; }
             wmma::fill_fragment(neg, 0.0f);
             for (int k = 0; k < mt; k++) {
-                FragAT a;
-                FragB b;
-                wmma::load_matrix_sync(a, Qgs + 16 * k * kp + 16 * i, kp);
-                wmma::load_matrix_sync(b, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, a, b, acc);
-                wmma::load_matrix_sync(a, Ws + 16 * k * kp + 16 * i, kp);
-                wmma::load_matrix_sync(b, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(neg, a, b, neg);
+                FragAT fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, Qgs + 16 * k * kp + 16 * i, kp);
+                wmma::load_matrix_sync(fb, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
+                wmma::mma_sync(acc, fa, fb, acc);
+                wmma::load_matrix_sync(fa, Ws + 16 * k * kp + 16 * i, kp);
+                wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
+                wmma::mma_sync(neg, fa, fb, neg);
             }
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] -= neg.x[e]; }
             wmma::store_matrix_sync(dS + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
+            __syncwarp();
+            int a = 16 * i + tr, c = 16 * j + tc;
+            const float* sp = dS + a * SCAN_PADF + c;
+            float4 lo = *(const float4*)sp, hi = *(const float4*)(sp + 4);
+            float sv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            uint4 o;
+            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
+            #pragma unroll
+            for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(sv[k]); }
+            *(uint4*)(dSb + a * SCAN_PADV + c) = o;
+            if (more) { *(uint4*)(dhstate + ((q - 1) * K + a) * V + v0 + c) = o; }
         }
-        __syncthreads();
-        if (more) { stage2(r0 - C); } // Qg, dO and W are free now
+        __syncthreads(); // Qg, dO and W are free
+        if (more) { stage2(r0 - C); }
         __pipeline_commit();
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            int a = e / SCAN_BV, c = e % SCAN_BV;
-            dSb[a * SCAN_PADV + c] = __float2bfloat16(dS[a * SCAN_PADF + c]);
-        }
-        __syncthreads();
     }
     if (dS0) {
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
@@ -1987,8 +2037,8 @@ static bool scan_uses_wmma(const ChunkShape& s) {
 static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward) {
     size_t K = s.K, C = s.C, kp = SCAN_PADK(s.K), gw = s.gk ? s.gk : 1;
     size_t base = scan_align(K * SCAN_PADF * 4) + scan_align(C * SCAN_PADF * 4) + scan_align(K * SCAN_PADV * 2) + scan_align(C * SCAN_PADV * 2);
-    if (!backward) { return base + 2 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + gw * 4; }
-    return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADF * 4) + scan_align(C * SCAN_PADV * 2) + gw * 4;
+    if (!backward) { return base + 2 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + (gw + K) * 4; }
+    return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADF * 4) + scan_align(C * SCAN_PADV * 2) + (gw + K) * 4;
 }
 static size_t smem_scan_wmma(const ChunkShape& s) { return std::max(smem_scan_wmma_dir(s, 0), smem_scan_wmma_dir(s, 1)); }
 
@@ -2002,7 +2052,7 @@ static size_t smem_scan_wmma(const ChunkShape& s) { return std::max(smem_scan_wm
 // The diagonal 16 x 16 blocks keep one exp per (i, j, channel) in fp32. Row strides are padded (bank conflicts);
 // the three kernels fit two or three blocks per multiprocessor at K = 128.
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBT;
-#define SC_LG(K) ((K) + 1) // fp32 G rows
+#define SC_LG(K) ((K) + 4) // fp32 G rows (16-byte multiples for cp.async)
 #define SC_LK(K) ((K) + 8) // bf16 rows of K (WMMA operands: a multiple of 8)
 #define SC_LC(C) ((C) + 8) // bf16 rows of C
 #define SC_LO(K) ((K) + 4) // fp32 product tiles
@@ -2022,12 +2072,17 @@ static __host__ __device__ ScoresSmem scores_tc_smem(int C, int K, int which) {
     else { z.total = z.g + z.qk + z.dpx + z.diag + 2 * z.sub + z.out; }                          // dk̃
     return z;
 }
-// chunk rows of G (fp32) and of a floatX tensor into padded shared rows
+// chunk rows of G (fp32) and of a floatX tensor into padded shared rows: 16-byte cp.async copies, all in flight before
+// the thread waits for them (a __syncthreads must still follow before other threads read them)
 __device__ __forceinline__ void sc_stage_g(float* g_s, const float* G, long r0, int C, int K) {
-    for (int e = threadIdx.x; e < C * K; e += blockDim.x) { g_s[(e / K) * SC_LG(K) + e % K] = G[r0 * K + e]; }
+    stage_async(g_s, SC_LG(K) * 4, G + r0 * K, (long)K * 4, C, K * 4);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
 }
 __device__ __forceinline__ void sc_stage_x(__nv_bfloat16* d, const floatX* X, long r0, int rows, int K) {
-    for (int e = threadIdx.x; e < rows * K; e += blockDim.x) { d[(e / K) * SC_LK(K) + e % K] = X[r0 * K + e]; }
+    stage_async(d, SC_LK(K) * 2, X + r0 * K, (long)K * 2, rows, K * 2);
+    __pipeline_commit();
+    __pipeline_wait_prior(0);
 }
 // dP (lower with diagonal) and dM = beta_i dA (strict lower): bf16 copies for the products, fp32 diagonal blocks
 // (row i, column j - start of i's sub-block) for the exact part
@@ -2075,7 +2130,7 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
                 const float* gi = g_s + (f + i) * lg;
                 const float* gj = g_s + (f + j) * lg;
                 for (int c = 0; c < K; c++) {
-                    float ex = expf(gi[c] - gj[c]) * __bfloat162float(kt_s[(f + j) * lk + c]);
+                    float ex = __expf(gi[c] - gj[c]) * __bfloat162float(kt_s[(f + j) * lk + c]);
                     m += __bfloat162float(kI[i * lk + c]) * ex;
                     pp += __bfloat162float(qI[i * lk + c]) * ex;
                 }
@@ -2087,7 +2142,7 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
         __syncthreads(); // the diagonal is done with the unscaled rows
         for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
             int i = e / K, c = e % K;
-            float ex = expf(g_s[(f + i) * lg + c] - g_s[f * lg + c]);
+            float ex = __expf(g_s[(f + i) * lg + c] - g_s[f * lg + c]);
             qI[i * lk + c] = __float2bfloat16(__bfloat162float(qI[i * lk + c]) * ex);
             kI[i * lk + c] = __float2bfloat16(__bfloat162float(kI[i * lk + c]) * ex);
         }
@@ -2095,7 +2150,7 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
             __syncthreads(); // the previous J's products are done with bh
             for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
                 int j = e / K, c = e % K, rj = J * SUB + j;
-                bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * expf(g_s[f * lg + c] - g_s[rj * lg + c]));
+                bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * __expf(g_s[f * lg + c] - g_s[rj * lg + c]));
             }
             __syncthreads();
             if (warp < 2) { // warp 0: Mk_IJ = (k̂ scaled)(k̃ scaled)ᵀ, warp 1: P_IJ = (q̂ scaled)(k̃ scaled)ᵀ
@@ -2293,7 +2348,7 @@ __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, 
             __syncthreads(); // bh is free (and, the first time, the staging above is complete)
             for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
                 int j = e / K, c = e % K, rj = J * SUB + j;
-                bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * expf(g_s[f * lg + c] - g_s[rj * lg + c]));
+                bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * __expf(g_s[f * lg + c] - g_s[rj * lg + c]));
             }
             __syncthreads();
             FragA ap, am;
@@ -2321,11 +2376,11 @@ __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, 
             float gi = g_s[ri * lg + c], aq = 0.0f, ak = 0.0f;
             for (int jj = 0; jj <= i; jj++) {
                 int rj = f + jj;
-                float ex = expf(gi - g_s[rj * lg + c]) * __bfloat162float(kt_s[rj * lk + c]);
+                float ex = __expf(gi - g_s[rj * lg + c]) * __bfloat162float(kt_s[rj * lk + c]);
                 aq += dpd[ri * SUB + jj] * ex;
                 ak += dmd[ri * SUB + jj] * ex;
             }
-            float sc = expf(gi - g_s[f * lg + c]);
+            float sc = __expf(gi - g_s[f * lg + c]);
             long idx = (r0 + ri) * K + c;
             dq_s[idx] = aq + sc * oq[i * lo + c];
             dkh_s[idx] = ak + sc * ok[i * lo + c];
@@ -2365,7 +2420,7 @@ __global__ void __launch_bounds__(256) scores_channel_dkt_tc_kernel(float* dkt_s
             __syncthreads(); // qh, khh are free (and, the first time, the staging is complete)
             for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
                 int i = e / K, c = e % K, ri = I * SUB + i;
-                float ex = expf(g_s[ri * lg + c] - g_s[r * lg + c]);
+                float ex = __expf(g_s[ri * lg + c] - g_s[r * lg + c]);
                 qh[i * lk + c] = __float2bfloat16(__bfloat162float(q_s[ri * lk + c]) * ex);
                 khh[i * lk + c] = __float2bfloat16(__bfloat162float(kh_s[ri * lk + c]) * ex);
             }
@@ -2395,10 +2450,10 @@ __global__ void __launch_bounds__(256) scores_channel_dkt_tc_kernel(float* dkt_s
             float gj = g_s[rj * lg + c], at = 0.0f;
             for (int rr = j; rr < SUB; rr++) {
                 int ri = J * SUB + rr;
-                float ex = expf(g_s[ri * lg + c] - gj);
+                float ex = __expf(g_s[ri * lg + c] - gj);
                 at += (dpd[ri * SUB + j] * __bfloat162float(q_s[ri * lk + c]) + dmd[ri * SUB + j] * __bfloat162float(kh_s[ri * lk + c])) * ex;
             }
-            dkt_s[(r0 + rj) * K + c] = at + expf(g_s[r * lg + c] - gj) * ot[j * lo + c];
+            dkt_s[(r0 + rj) * K + c] = at + __expf(g_s[r * lg + c] - gj) * ot[j * lo + c];
         }
     }
 }
