@@ -1760,11 +1760,25 @@ __device__ __forceinline__ void stage_glast(float* dst, const float* G, long row
     }
 }
 static __host__ __device__ size_t scan_align(size_t b) { return (b + 127) / 128 * 128; }
+// 8 consecutive fp32 values (16-byte aligned, in shared memory) rounded to bf16: one 16-byte vector
+__device__ __forceinline__ uint4 round8_bf16(const float* src) {
+    float4 lo = *(const float4*)src, hi = *(const float4*)(src + 4);
+    uint4 o;
+    __nv_bfloat162* ob = (__nv_bfloat162*)&o;
+    ob[0] = __floats2bfloat162_rn(lo.x, lo.y);
+    ob[1] = __floats2bfloat162_rn(lo.z, lo.w);
+    ob[2] = __floats2bfloat162_rn(hi.x, hi.y);
+    ob[3] = __floats2bfloat162_rn(hi.z, hi.w);
+    return o;
+}
 
-// forward: per chunk, hstate = S; V' = U - W S; S = e^G_last ⊙ S + Kdᵀ V'
-__global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, const floatX* W, const floatX* U,
-                                                                  const floatX* Kd, const float* G, const float* S0,
-                                                                  float* S_final, ChunkShape s) {
+// forward: per chunk, hstate = S; V' = U - W S; O = Qg S + P V'; S = e^G_last ⊙ S + Kdᵀ V'. The output O is made
+// here too (the warps that W S leaves idle take Qg S, kept in registers until P V' is added): no batched GEMMs after.
+// Two blocks per multiprocessor (the 64-register cap) so that the 512 blocks of the 340m shape run in two waves.
+__global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, float* O, const floatX* W,
+                                                                     const floatX* U, const floatX* Kd, const floatX* Qg,
+                                                                     const floatX* P, const float* G, const float* S0,
+                                                                     float* S_final, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
     int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
@@ -1776,20 +1790,31 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
     __nv_bfloat16* Ws = (__nv_bfloat16*)p;   p += scan_align((size_t)C * kp * 2);        // C x kp   staged W
     __nv_bfloat16* Kds = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // C x kp   staged Kd
     __nv_bfloat16* Us = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40   staged U slice
+    __nv_bfloat16* Qgs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // C x kp   staged Qg
+    __nv_bfloat16* Ps = (__nv_bfloat16*)p;   p += scan_align((size_t)C * (C + 8) * 2);   // C x C+8  staged P
     float* Gl = (float*)p;                                                               // gw       staged last-row G
+    int lp = C + 8;
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
         int a = e / SCAN_BV, c = e % SCAN_BV;
         float x = S0 ? S0[((long)bh * K + a) * V + v0 + c] : 0.0f;
         S[a * SCAN_PADF + c] = x;
         Sb[a * SCAN_PADV + c] = __float2bfloat16(x);
     }
-    // group 1 of a chunk: W; group 2: U, G_last, Kd
+    // group 1 of a chunk: W, Qg; group 2: U, G_last, Kd, P
     long rb = (long)bh * s.NC * C;
-    stage_async(Ws, kp * 2, W + rb * K, (long)K * 2, C, K * 2);
+    auto stage1 = [&](long r) {
+        stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
+        stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2);
+    };
+    auto stage2 = [&](long r) {
+        stage_async(Us, SCAN_PADV * 2, U + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
+        if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
+        stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
+        stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r C
+    };
+    stage1(rb);
     __pipeline_commit();
-    stage_async(Us, SCAN_PADV * 2, U + rb * V + v0, (long)V * 2, C, SCAN_BV * 2);
-    if (s.gk) { stage_glast(Gl, G, rb + C - 1, gw); }
-    stage_async(Kds, kp * 2, Kd + rb * K, (long)K * 2, C, K * 2);
+    stage2(rb);
     __pipeline_commit();
     int mt = C / 16, kt = K / 16, lane = threadIdx.x % 32;
     float* dec = Gl + gw; // K: the chunk's decay factor per state row (1 for no decay)
@@ -1804,10 +1829,23 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
     for (int ch = 0; ch < s.NC; ch++) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch + 1 < s.NC;
-        __pipeline_wait_prior(1); // this chunk's W
+        __pipeline_wait_prior(1); // this chunk's W, Qg
         __syncthreads();
-        // Vt = W Sb: (C x K)(K x 32), output tiles (mt x 2)
-        for (int t = warp; t < mt * 2; t += SCAN_WARPS_FWD) {
+        // O tile `warp` (if < mt x 2) starts as Qg Sb, in registers; Vt = W Sb on the warps counted from the other end
+        bool own = warp < mt * 2;
+        int oi = warp / 2, oj = warp % 2;
+        FragC oacc;
+        if (own) {
+            wmma::fill_fragment(oacc, 0.0f);
+            for (int k = 0; k < kt; k++) {
+                FragA fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, Qgs + 16 * oi * kp + 16 * k, kp);
+                wmma::load_matrix_sync(fb, Sb + 16 * k * SCAN_PADV + 16 * oj, SCAN_PADV);
+                wmma::mma_sync(oacc, fa, fb, oacc);
+            }
+        }
+        for (int t = SCAN_WARPS_FWD - 1 - warp; t < mt * 2; t += SCAN_WARPS_FWD) {
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
@@ -1820,9 +1858,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
             }
             wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
         }
-        __pipeline_wait_prior(0); // this chunk's U, G_last and Kd
+        __pipeline_wait_prior(0); // this chunk's U, G_last, Kd and P
         __syncthreads();
-        if (more) { stage_async(Ws, kp * 2, W + (r0 + C) * K, (long)K * 2, C, K * 2); }
+        if (more) { stage1(r0 + C); } // W and Qg are free
         __pipeline_commit();
         for (int e = threadIdx.x; e < C * SCAN_BV / 8; e += blockDim.x) { // V' = U - W S, rounded once, 8 columns
             int i = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
@@ -1866,23 +1904,22 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD) state_forward_wmma_kernel
             wmma::store_matrix_sync(S + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
             __syncwarp();
             int a = 16 * i + tr, c = 16 * j + tc;
-            const float* sp = S + a * SCAN_PADF + c;
-            float4 lo = *(const float4*)sp, hi = *(const float4*)(sp + 4);
-            float sv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            uint4 o;
-            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-            #pragma unroll
-            for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(sv[k]); }
+            uint4 o = round8_bf16(S + a * SCAN_PADF + c);
             *(uint4*)(Sb + a * SCAN_PADV + c) = o;
             if (more) { *(uint4*)(hstate + ((q + 1) * K + a) * V + v0 + c) = o; }
         }
-        __syncthreads(); // U and Kd are free
-        if (more) {
-            long rn = r0 + C;
-            stage_async(Us, SCAN_PADV * 2, U + rn * V + v0, (long)V * 2, C, SCAN_BV * 2);
-            if (s.gk) { stage_glast(Gl, G, rn + C - 1, gw); }
-            stage_async(Kds, kp * 2, Kd + rn * K, (long)K * 2, C, K * 2);
+        if (own) { // O += P V' (P lower with diagonal: blocks k <= oi), straight to global memory
+            for (int k = 0; k <= oi; k++) {
+                FragA fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, Ps + 16 * oi * lp + 16 * k, lp);
+                wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * oj, SCAN_PADV);
+                wmma::mma_sync(oacc, fa, fb, oacc);
+            }
+            wmma::store_matrix_sync(O + (r0 + 16 * oi) * V + v0 + 16 * oj, oacc, V, wmma::mem_row_major);
         }
+        __syncthreads(); // U, Kd and P are free
+        if (more) { stage2(r0 + C); }
         __pipeline_commit();
     }
     if (S_final) {
@@ -1958,13 +1995,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
             wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
             __syncwarp();
             int row = 16 * i + tr, c = 16 * j + tc;
-            const float* vp = Vt + row * SCAN_PADF + c;
-            float4 lo = *(const float4*)vp, hi = *(const float4*)(vp + 4);
-            float vv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            uint4 o;
-            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-            #pragma unroll
-            for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(vv[k]); }
+            uint4 o = round8_bf16(Vt + row * SCAN_PADF + c);
             *(uint4*)(Vb + row * SCAN_PADV + c) = o;
             *(uint4*)(dVn + (r0 + row) * V + v0 + c) = o;
         }
@@ -2006,13 +2037,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
             wmma::store_matrix_sync(dS + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
             __syncwarp();
             int a = 16 * i + tr, c = 16 * j + tc;
-            const float* sp = dS + a * SCAN_PADF + c;
-            float4 lo = *(const float4*)sp, hi = *(const float4*)(sp + 4);
-            float sv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-            uint4 o;
-            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-            #pragma unroll
-            for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(sv[k]); }
+            uint4 o = round8_bf16(dS + a * SCAN_PADF + c);
             *(uint4*)(dSb + a * SCAN_PADV + c) = o;
             if (more) { *(uint4*)(dhstate + ((q - 1) * K + a) * V + v0 + c) = o; }
         }
@@ -2037,7 +2062,9 @@ static bool scan_uses_wmma(const ChunkShape& s) {
 static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward) {
     size_t K = s.K, C = s.C, kp = SCAN_PADK(s.K), gw = s.gk ? s.gk : 1;
     size_t base = scan_align(K * SCAN_PADF * 4) + scan_align(C * SCAN_PADF * 4) + scan_align(K * SCAN_PADV * 2) + scan_align(C * SCAN_PADV * 2);
-    if (!backward) { return base + 2 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + (gw + K) * 4; }
+    if (!backward) {
+        return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + scan_align(C * (C + 8) * 2) + (gw + K) * 4;
+    }
     return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADF * 4) + scan_align(C * SCAN_PADV * 2) + (gw + K) * 4;
 }
 static size_t smem_scan_wmma(const ChunkShape& s) { return std::max(smem_scan_wmma_dir(s, 0), smem_scan_wmma_dir(s, 1)); }
@@ -2853,21 +2880,25 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     bgemm(false, false, C, K, C, sv->Tx, C, CC, sc->X, K, CK, sv->W, false, K, CK, nq, 1.0f, 0.0f);
     bgemm(false, false, C, V, C, sv->Tx, C, CC, sc->Y, V, CV, sv->U, false, V, CV, nq, 1.0f, 0.0f);
     }
+    bool o_done = false; // the tensor-core scan also makes O
     {
     PROF("mixer.fwd.scan");
 #ifndef ENABLE_FP32
-    if (scan_uses_wmma(s)) {
+    o_done = scan_uses_wmma(s);
+    if (o_done) {
         state_forward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_FWD, smem_scan_wmma_dir(s, 0), main_stream>>>(
-            sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
+            sv->hstate, sv->Vn, sv->O, sv->W, sv->U, sv->Kd, sv->Qg, sv->P, sv->G, S0, S_final, s);
     } else
 #endif
     state_forward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_fwd(s), main_stream>>>(
         sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
     cudaCheck(cudaGetLastError());
     }
+    if (!o_done) {
     PROF("mixer.fwd.gemms");
     bgemm(false, false, C, V, K, sv->Qg, K, CK, sv->hstate, V, KV, sv->O, true, V, CV, nq, 1.0f, 0.0f);
     bgemm(false, false, C, V, C, sv->P, C, CC, sv->Vn, V, CV, sv->O, true, V, CV, nq, 1.0f, 1.0f);
+    }
 }
 
 // Backward of the mixer core from dO (hm floatX, zero in padded rows). Writes (not accumulates) dq, dkh, dkt,
