@@ -1817,7 +1817,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
     stage2(rb);
     __pipeline_commit();
     int mt = C / 16, kt = K / 16, lane = threadIdx.x % 32;
-    float* dec = Gl + gw; // K: the chunk's decay factor per state row (1 for no decay)
+    float* dec = Gl + gw; // gw: the chunk's decay factor (one, or one per state row; 1 for no decay)
     // element-wise work goes by 8 consecutive columns (16-byte accesses): lane l of a warp owning a 16 x 16 tile takes
     // row l / 2, columns (l % 2) * 8 .. + 7
     int tr = lane / 2, tc = (lane % 2) * 8;
@@ -1875,7 +1875,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
             *(uint4*)(Vb + i * SCAN_PADV + c) = o;
             *(uint4*)(Vn + (r0 + i) * V + v0 + c) = o;
         }
-        for (int a = threadIdx.x; a < K; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[gw > 1 ? a : 0]) : 1.0f; }
+        for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
         if (gw > 1) { // channel decay: scale the rows of S here (a WMMA fragment does not say which row an element is)
             __syncthreads();
             for (int e = threadIdx.x; e < K * SCAN_BV / 4; e += blockDim.x) {
@@ -1929,10 +1929,12 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
     }
 }
 
-// backward scan on tensor cores: dhstate[c] = dS; dV' = dVloc + Kd dS; dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'
-__global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const float* dVloc,
-                                                                   const floatX* dO, const floatX* W, const floatX* Qg,
-                                                                   const floatX* Kd, const float* G, float* dS0, ChunkShape s) {
+// backward scan on tensor cores: dhstate[c] = dS; dV' = Pᵀ dO + Kd dS; dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'. The local
+// part Pᵀ dO is made here from the staged P and dO slice (no batched GEMM and fp32 round trip before the scan); dO is
+// double-buffered because the next chunk's copy starts while this chunk's dS update still reads it.
+__global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const floatX* P,
+                                                                      const floatX* dO, const floatX* W, const floatX* Qg,
+                                                                      const floatX* Kd, const float* G, float* dS0, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
     int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
@@ -1944,31 +1946,33 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
     __nv_bfloat16* Kds = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // staged Kd
     __nv_bfloat16* Qgs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // staged Qg
     __nv_bfloat16* Ws = (__nv_bfloat16*)p;   p += scan_align((size_t)C * kp * 2);        // staged W
-    float* dVl = (float*)p;                  p += scan_align((size_t)C * SCAN_PADF * 4); // staged dVloc slice (C x 36)
-    __nv_bfloat16* dOs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * SCAN_PADV * 2); // staged dO slice (C x 40)
+    __nv_bfloat16* Ps = (__nv_bfloat16*)p;   p += scan_align((size_t)C * (C + 8) * 2);   // staged P (C x C+8)
+    __nv_bfloat16* dOb = (__nv_bfloat16*)p;  p += 2 * scan_align((size_t)C * SCAN_PADV * 2); // staged dO slices (2 x C x 40)
     float* Gl = (float*)p;                                                               // staged last-row G
+    int lp = C + 8;
+    size_t dob = scan_align((size_t)C * SCAN_PADV * 2) / 2; // elements from one dO buffer to the other
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
         dS[e / SCAN_BV * SCAN_PADF + e % SCAN_BV] = 0.0f;
         dSb[e / SCAN_BV * SCAN_PADV + e % SCAN_BV] = __float2bfloat16(0.0f);
     }
-    // group 1 of a chunk: Kd, dVloc, G_last; group 2: Qg, dO, W
-    auto stage1 = [&](long r) {
+    // group 1 of a chunk: Kd, P, dO (buffer ch % 2), G_last; group 2: Qg, W
+    auto stage1 = [&](long r, int ch) {
         stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
-        stage_async(dVl, SCAN_PADF * 4, dVloc + r * V + v0, (long)V * 4, C, SCAN_BV * 4);
+        stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r C
+        stage_async(dOb + (ch % 2) * dob, SCAN_PADV * 2, dO + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
         if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
     };
     auto stage2 = [&](long r) {
         stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2);
-        stage_async(dOs, SCAN_PADV * 2, dO + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
         stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
     };
     long rl = ((long)bh * s.NC + s.NC - 1) * C;
-    stage1(rl);
+    stage1(rl, s.NC - 1);
     __pipeline_commit();
     stage2(rl);
     __pipeline_commit();
     int mt = C / 16, kt = K / 16, lane = threadIdx.x % 32;
-    float* dec = Gl + gw; // K: the chunk's decay factor per state row (1 for no decay)
+    float* dec = Gl + gw; // gw: the chunk's decay factor (one, or one per state row; 1 for no decay)
     // as in the forward: the warp owning a 16 x 16 tile takes row lane / 2, columns (lane % 2) * 8 .. + 7 of it
     int tr = lane / 2, tc = (lane % 2) * 8;
     for (int e = threadIdx.x; e < K * SCAN_BV / 8; e += blockDim.x) { // dhstate of the last chunk: zero
@@ -1978,13 +1982,21 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
     for (int ch = s.NC - 1; ch >= 0; ch--) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch > 0;
-        __pipeline_wait_prior(1); // this chunk's Kd, dVloc, G_last
+        const __nv_bfloat16* dOs = dOb + (ch % 2) * dob;
+        __pipeline_wait_prior(1); // this chunk's Kd, P, dO, G_last
         __syncthreads();
-        // dV' = dVloc + Kd dSb: (C x K)(K x 32); the owning warp rounds its tile into Vb and dVn
+        // dV' = Pᵀ dO + Kd dSb: (C x C)(C x 32) + (C x K)(K x 32); the owning warp rounds its tile into Vb and dVn
         for (int t = warp; t < mt * 2; t += SCAN_WARPS_BWD) {
             int i = t / 2, j = t % 2;
             FragC acc;
-            wmma::load_matrix_sync(acc, dVl + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
+            wmma::fill_fragment(acc, 0.0f);
+            for (int k = i; k < mt; k++) { // P lower with diagonal: (Pᵀ)_ik nonzero for k >= i
+                FragAT fa;
+                FragB fb;
+                wmma::load_matrix_sync(fa, Ps + 16 * k * lp + 16 * i, lp);
+                wmma::load_matrix_sync(fb, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
             for (int k = 0; k < kt; k++) {
                 FragA fa;
                 FragB fb;
@@ -1999,10 +2011,10 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
             *(uint4*)(Vb + row * SCAN_PADV + c) = o;
             *(uint4*)(dVn + (r0 + row) * V + v0 + c) = o;
         }
-        for (int a = threadIdx.x; a < K; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[gw > 1 ? a : 0]) : 1.0f; }
-        __pipeline_wait_prior(0); // this chunk's Qg, dO, W
+        for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
+        __pipeline_wait_prior(0); // this chunk's Qg, W
         __syncthreads();
-        if (more) { stage1(r0 - C); } // Kd, dVloc and G_last are free now
+        if (more) { stage1(r0 - C, ch - 1); } // Kd, P, G_last and the other dO buffer are free now
         __pipeline_commit();
         if (gw > 1) { // channel decay: scale the rows of dS here (a WMMA fragment does not say which row an element is)
             for (int e = threadIdx.x; e < K * SCAN_BV / 4; e += blockDim.x) {
@@ -2041,7 +2053,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD) state_backward_wmma_kerne
             *(uint4*)(dSb + a * SCAN_PADV + c) = o;
             if (more) { *(uint4*)(dhstate + ((q - 1) * K + a) * V + v0 + c) = o; }
         }
-        __syncthreads(); // Qg, dO and W are free
+        __syncthreads(); // Qg and W are free
         if (more) { stage2(r0 - C); }
         __pipeline_commit();
     }
@@ -2063,9 +2075,9 @@ static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward) {
     size_t K = s.K, C = s.C, kp = SCAN_PADK(s.K), gw = s.gk ? s.gk : 1;
     size_t base = scan_align(K * SCAN_PADF * 4) + scan_align(C * SCAN_PADF * 4) + scan_align(K * SCAN_PADV * 2) + scan_align(C * SCAN_PADV * 2);
     if (!backward) {
-        return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + scan_align(C * (C + 8) * 2) + (gw + K) * 4;
+        return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + scan_align(C * (C + 8) * 2) + 2 * gw * 4;
     }
-    return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADF * 4) + scan_align(C * SCAN_PADV * 2) + (gw + K) * 4;
+    return base + 3 * scan_align(C * kp * 2) + scan_align(C * (C + 8) * 2) + 2 * scan_align(C * SCAN_PADV * 2) + 2 * gw * 4;
 }
 static size_t smem_scan_wmma(const ChunkShape& s) { return std::max(smem_scan_wmma_dir(s, 0), smem_scan_wmma_dir(s, 1)); }
 
@@ -2763,8 +2775,8 @@ struct MixerScratch {
     float *Mraw, *Praw, *A;                         // (nq, C, C)
     floatX *X, *Y;                                  // (rows, K | V)
     float *dVloc, *dQg, *dKd, *dX, *dY;             // (rows, V | K)
-    floatX *dhstate, *dVn, *dWx, *dXx, *dYx;
-    float *dP, *dA, *dbetaA;
+    floatX *dhstate, *dVn, *dWx, *dZx;
+    float *dP, *dA, *dZ, *dbetaA;                   // (nq, C, C), dZ = dW Wᵀ + dV' Uᵀ; dbetaA (rows)
     floatX *dPm, *dMm;
     float *dq_s, *dkh_s, *dkt_s;
     float *pc_loc, *pc_a, *pc_b, *pc_c;             // diagonal preconditioner scan: (rows, K), (nq, K) x 2, (nq)
@@ -2909,16 +2921,20 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V, rows = s.nq * C;
     int nq = (int)s.nq;
-    {
+    bool wmma_scan = false; // the tensor-core scan makes Pᵀ dO itself
+#ifndef ENABLE_FP32
+    wmma_scan = scan_uses_wmma(s);
+#endif
+    if (!wmma_scan) {
     PROF("mixer.bwd.gemms");
     bgemm(true, false, C, V, C, sv->P, C, CC, dO, V, CV, sc->dVloc, true, V, CV, nq, 1.0f, 0.0f);
     }
     {
     PROF("mixer.bwd.scan");
 #ifndef ENABLE_FP32
-    if (scan_uses_wmma(s)) {
+    if (wmma_scan) {
         state_backward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_BWD, smem_scan_wmma_dir(s, 1), main_stream>>>(
-            sc->dhstate, sc->dVn, sc->dVloc, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
+            sc->dhstate, sc->dVn, sv->P, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
     } else
 #endif
     state_backward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_bwd(s), main_stream>>>(
@@ -2933,10 +2949,11 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     bgemm(false, true, C, K, V, sc->dVn, V, CV, sv->hstate, V, KV, sc->dWx, false, K, CK, nq, -1.0f, 0.0f); // only its floatX copy is used
     bgemm(true, false, C, K, C, sv->Tx, C, CC, sc->dWx, K, CK, sc->dX, true, K, CK, nq, 1.0f, 0.0f);
     bgemm(true, false, C, V, C, sv->Tx, C, CC, sc->dVn, V, CV, sc->dY, true, V, CV, nq, 1.0f, 0.0f);
-    to_floatX(sc->dXx, sc->dX, rows * K);
-    to_floatX(sc->dYx, sc->dY, rows * V);
-    bgemm(false, true, C, C, K, sc->dXx, K, CK, sv->W, K, CK, sc->dA, true, C, CC, nq, -1.0f, 0.0f);
-    bgemm(false, true, C, C, V, sc->dYx, V, CV, sv->U, V, CV, sc->dA, true, C, CC, nq, -1.0f, 1.0f);
+    // dA = -dX Wᵀ - dY Uᵀ = -Txᵀ (dW Wᵀ + dV' Uᵀ): the C x C sum first, so dX and dY need no floatX copies
+    bgemm(false, true, C, C, K, sc->dWx, K, CK, sv->W, K, CK, sc->dZ, true, C, CC, nq, 1.0f, 0.0f);
+    bgemm(false, true, C, C, V, sc->dVn, V, CV, sv->U, V, CV, sc->dZ, true, C, CC, nq, 1.0f, 1.0f);
+    to_floatX(sc->dZx, sc->dZ, nq * CC);
+    bgemm(true, false, C, C, C, sv->Tx, C, CC, sc->dZx, C, CC, sc->dA, true, C, CC, nq, -1.0f, 0.0f);
     }
     {
     PROF("mixer.bwd.scores");
@@ -3142,8 +3159,8 @@ static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, 
     if (!with_grads) { return; }
     ar.add(&sc->dVloc, rows * V); ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
     ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V); ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
-    ar.add(&sc->dWx, rows * K); ar.add(&sc->dXx, rows * K); ar.add(&sc->dYx, rows * V);
-    ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dbetaA, rows);
+    ar.add(&sc->dWx, rows * K); ar.add(&sc->dZx, nq * CC);
+    ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dZ, nq * CC); ar.add(&sc->dbetaA, rows);
     ar.add(&sc->dPm, nq * CC); ar.add(&sc->dMm, nq * CC);
     ar.add(&sc->dq_s, rows * K); ar.add(&sc->dkh_s, rows * K); ar.add(&sc->dkt_s, rows * K);
 }
