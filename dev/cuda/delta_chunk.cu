@@ -4,14 +4,18 @@ Kernel lab: the chunkwise delta rule (SPEC §3.7 and §4), forward and backward,
 bwd_finish kernels), for no decay (gk = 0), a scalar decay (gk = 1) and a channel decay (gk = K), with one key
 (k̃ = k̂, DN/GDN/KDA: dk̂ gets dk̃ folded in) and two keys (k̃ != k̂, PDN/PGDN/PKDA).
 
-Versions (they differ only in the sequential state scans; everything else is the trainer's code):
-  v1  SIMT: state_forward_kernel / state_backward_kernel (fp32 state in shared memory, fp32 FMA loops) and, for the
-      channel decay, the fp32 FMA score kernels scores_channel_kernel / scores_channel_backward_kernel
-  v2  tensor cores: state_forward_wmma_kernel / state_backward_wmma_kernel (bf16 WMMA 16x16x16, fp32 state) and the
-      channel-decay scores scores_channel_tc_kernel / scores_channel_dq_tc_kernel / scores_channel_dkt_tc_kernel:
-      what the bf16 trainer runs whenever scan_uses_wmma() / scores_use_tc() allow it. Not compiled in the fp32 build.
-The trainer picks inside delta_chunk_forward/backward with scan_uses_wmma(s) and scores_use_tc(s); the lab forces v1
-by making those tests fail (scan_force_simt, scores_force_fma) and checks which path was taken.
+Versions (everything else is the trainer's code):
+  v1  SIMT / unfused: state_forward_kernel / state_backward_kernel (fp32 state in shared memory, fp32 FMA loops; O
+      and Pᵀ dO by batched GEMMs); for the channel decay the fp32 FMA score kernels scores_channel_kernel /
+      scores_channel_backward_kernel; for scalar and no decay the scores as batched GEMMs + scores_mask_kernel /
+      bwd_scores_mask_kernel, and tri_inverse_kernel on its own
+  v2  tensor cores: state_forward_wmma_kernel (also makes O) / state_backward_wmma_kernel (also makes Pᵀ dO), bf16
+      WMMA 16x16x16 with fp32 state; channel-decay scores scores_channel_tc_kernel / scores_channel_dq_tc_kernel /
+      scores_channel_dkt_tc_kernel; scalar/no-decay scores with the inverse scores_scalar_tc_kernel and their
+      backward bwd_scores_scalar_tc_kernel: what the bf16 trainer runs whenever scan_uses_wmma() / scores_use_tc() /
+      scores_scalar_fused() allow it. Not compiled in the fp32 build.
+The trainer picks inside delta_chunk_forward/backward with those tests; the lab forces v1 by making them fail
+(scan_force_simt, scores_force_fma) and checks which path was taken.
 
 CPU reference: the per-token recurrence of SPEC §3.7 in double (S̄ = exp(g) S, u = beta (v - S̄ᵀ k̂),
 S = S̄ + k̃ uᵀ, o = Sᵀ q̂) and its backward by hand (the model is delta_token_backward_bh in train_pdn.c), from the
@@ -54,15 +58,15 @@ static const char* VERSION_NAME[3] = {"", "v1 SIMT", "v2 tensor cores"};
 static const int CHUNK = 64; // the trainer's default --chunk
 static const float PC_X = 1.5f, PC_EPS = 1e-6f; // SPEC §3.6: squash x, eps
 
-// v1: make scan_uses_wmma() fail; v2: the device's real limit. Returns whether `s` then runs version v.
+// v1: make the tensor-core tests fail; v2: the device's real limits. Returns whether `s` then runs version v.
 static bool select_version(int v, const ChunkShape& s) {
 #ifdef ENABLE_FP32
     (void)s;
     return v == 1;
 #else
-    scan_force_simt = v == 1; // v1: the SIMT scans and FMA channel scores, v2: the tensor-core ones
+    scan_force_simt = v == 1; // v1: the SIMT scans and unfused scores, v2: the tensor-core ones
     scores_force_fma = v == 1;
-    bool w = scan_uses_wmma(s) && (s.gk <= 1 || scores_use_tc(s));
+    bool w = scan_uses_wmma(s) && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
     return v == 1 ? !w : w;
 #endif
 }
