@@ -22,7 +22,8 @@ S = S̄ + k̃ uᵀ, o = Sᵀ q̂) and its backward by hand (the model is delta_t
 inputs as the device sees them (already rounded to floatX).
 
 Validation: B=2, H=2, T=200 (the last chunk of 64 is partial: 8 tokens), K=V=64 and K=V=128, every decay, one
-and two keys; outputs o and gradients dq, dk, dkt, dv, dbeta, dg compared by relative L2 error.
+and two keys, plus chunks of 32 and 16 at K=V=128 (the tile loops of the fused kernels at other --chunk values);
+outputs o and gradients dq, dk, dkt, dv, dbeta, dg compared by relative L2 error.
 Tolerances. fp32 build: 1e-4 (fp32 throughout, no TF32; the chunk form and the token form agree to rounding).
 bf16 build: 2e-2. Every tensor the chunk algorithm stores between kernels (X, Y, Qg, Kd, P, Tinv, W, U, V', the
 chunk-start states, dP/dM, dW/dX/dY, dV', dstates) is rounded to bf16 (unit roundoff 2^-9 = 2e-3, rms relative
@@ -79,9 +80,9 @@ struct DeltaHost {
     std::vector<float> q, k, kt, v, dO, beta, g;
 };
 
-static DeltaHost make_inputs(int B, int H, int T, int K, int V, int gk, int two_keys, uint64_t seed) {
+static DeltaHost make_inputs(int B, int H, int T, int C, int K, int V, int gk, int two_keys, uint64_t seed) {
     DeltaHost h;
-    h.B = B; h.H = H; h.T = T; h.Tp = (T + CHUNK - 1) / CHUNK * CHUNK; h.K = K; h.V = V; h.gk = gk; h.gw = gk ? gk : 1;
+    h.B = B; h.H = H; h.T = T; h.Tp = (T + C - 1) / C * C; h.K = K; h.V = V; h.gk = gk; h.gw = gk ? gk : 1;
     size_t rows = (size_t)B * H * h.Tp;
     h.q.assign(rows * K, 0.0f); h.k.assign(rows * K, 0.0f); h.kt.assign(rows * K, 0.0f); h.v.assign(rows * V, 0.0f);
     h.dO.assign(rows * V, 0.0f); h.beta.assign(rows, 0.0f); h.g.assign(rows * h.gw, 0.0f);
@@ -267,15 +268,15 @@ static std::vector<float> gather_rows(const std::vector<float>& hm, int BH, int 
 
 static const char* decay_name(int gk) { return gk == 0 ? "none" : gk == 1 ? "scalar" : "channel"; }
 
-static void validate_case(int version_sel, int K, int gk_kind, int two_keys, uint64_t seed) {
+static void validate_case(int version_sel, int C, int K, int gk_kind, int two_keys, uint64_t seed) {
     const int B = 2, H = 2, T = 200, V = K;
     int gk = gk_kind == 2 ? K : gk_kind;
-    DeltaHost h = make_inputs(B, H, T, K, V, gk, two_keys, seed);
+    DeltaHost h = make_inputs(B, H, T, C, K, V, gk, two_keys, seed);
     DeltaRef r;
     delta_reference(h, r);
     if (!two_keys) { for (size_t i = 0; i < r.dk.size(); i++) { r.dk[i] += r.dkt[i]; } } // the fold
-    int NC = h.Tp / CHUNK, BH = B * H;
-    ChunkShape s{B, H, T, h.Tp, CHUNK, NC, K, V, gk, (long)BH * NC};
+    int NC = h.Tp / C, BH = B * H;
+    ChunkShape s{B, H, T, h.Tp, C, NC, K, V, gk, (long)BH * NC};
     DeltaDev d{};
     delta_dev_alloc(d, s, 0);
     size_t rows = (size_t)BH * h.Tp;
@@ -291,7 +292,7 @@ static void validate_case(int version_sel, int K, int gk_kind, int two_keys, uin
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
         char tag[96];
-        snprintf(tag, sizeof tag, "v%d decay=%-7s keys=%d K=V=%-3d", v, decay_name(gk), two_keys ? 2 : 1, K);
+        snprintf(tag, sizeof tag, "v%d C=%-2d decay=%-7s keys=%d K=V=%-3d", v, C, decay_name(gk), two_keys ? 2 : 1, K);
         if (!select_version(v, s)) {
             printf("FAIL %s: %s does not run at this shape (scan_uses_wmma() decided otherwise)\n", tag, VERSION_NAME[v]);
             lab_checks++;
@@ -376,12 +377,17 @@ int main(int argc, char** argv) {
     lab_setup();
     double t0 = wall_seconds();
     if (a.validate) {
-        printf("\n=== validation: delta_chunk (%s) vs the per-token recurrence in double; B=2 H=2 T=200 chunk %d ===\n",
-               PRECISION_NAME, CHUNK);
+        printf("\n=== validation: delta_chunk (%s) vs the per-token recurrence in double; B=2 H=2 T=200, chunk %d (and 32, "
+               "16 at K=V=128: the tile loops at other --chunk values) ===\n", PRECISION_NAME, CHUNK);
         uint64_t seed = 1;
         for (int K : {64, 128}) {
             for (int gk_kind = 0; gk_kind < 3; gk_kind++) {
-                for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, K, gk_kind, two_keys, seed++); }
+                for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, CHUNK, K, gk_kind, two_keys, seed++); }
+            }
+        }
+        for (int C : {32, 16}) {
+            for (int gk_kind = 0; gk_kind < 3; gk_kind++) {
+                for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, C, 128, gk_kind, two_keys, seed++); }
             }
         }
         printf("validation took %.1f s\n", wall_seconds() - t0);
