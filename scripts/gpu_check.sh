@@ -12,11 +12,13 @@ make -s train_pdn test_pdn train_pdncu train_pdncu_fp32 || exit 1
 declare -A shape=(
     [tiny]="-b 4 -t 100 --mqar-pairs 8"                                        # T = 100: a partial chunk
     [340m-layer]="--n-layer 2 --vocab 512 -b 2 -t 256 -d 512"                  # K = V = 128, d = 1024, 4 chunks
+    [340m-chunk32]="--n-layer 2 --vocab 512 -b 2 -t 200 -d 400 --chunk 32"     # the GPU kernels at another chunk size
 )
+declare -A size_preset=([tiny]=tiny [340m-layer]=340m [340m-chunk32]=340m)
 rows=()
-for size in tiny 340m-layer; do
+for size in tiny 340m-layer 340m-chunk32; do
     for v in dn pdn gdn pgdn kda pkda pgdn+exact; do
-        preset="${v%+exact}-${size%-layer}"
+        preset="${v%+exact}-${size_preset[$size]}"
         extra=""; [ "$v" = "pgdn+exact" ] && extra="--precond exact"
         [ "$v" = "pgdn+exact" ] && [ "$size" != tiny ] && continue
         f="$out/$v.$size"
