@@ -1396,14 +1396,14 @@ __global__ void chunk_prep_kernel(float* __restrict__ G, floatX* __restrict__ X,
     #pragma unroll 2
     for (int e = threadIdx.x * VEC; e < C * K; e += blockDim.x * VEC) {
         int i = e / K, j0 = e % K;
-        float b = beta[r0 + i];
+        float b = beta[r0 + i], eg_row = 1.0f, ed_row = 1.0f; // a scalar decay: one factor pair per row
+        if (s.gk && !chan) { float gi = Gs[i]; eg_row = expf(gi); ed_row = expf(Gs[C - 1] - gi); }
         long idx = (r0 + i) * K + j0;
         Pk qv = *(const Pk*)(Q + idx), khv = *(const Pk*)(Kh + idx), ktv = *(const Pk*)(Kt + idx), xo, qo, ko;
         #pragma unroll
         for (int u = 0; u < VEC; u++) {
-            int gc = chan ? j0 + u : 0;
-            float eg = 1.0f, ed = 1.0f;
-            if (s.gk) { float gi = Gs[i * gw + gc]; eg = expf(gi); ed = expf(Gs[(C - 1) * gw + gc] - gi); }
+            float eg = eg_row, ed = ed_row;
+            if (chan) { float gi = Gs[i * gw + j0 + u]; eg = expf(gi); ed = expf(Gs[(C - 1) * gw + j0 + u] - gi); }
             xo.v[u] = fromf<floatX>(b * tof(khv.v[u]) * eg);
             qo.v[u] = fromf<floatX>(tof(qv.v[u]) * eg);
             ko.v[u] = fromf<floatX>(tof(ktv.v[u]) * ed);
@@ -2629,19 +2629,19 @@ __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dk
     for (int e = threadIdx.x * VEC; e < C * K; e += blockDim.x * VEC) {
         int i = e / K, c0 = e % K;
         long idx = (r0 + i) * K + c0;
-        float b = beta[r0 + i], gn = 0.0f, gi1 = 0.0f, bsum = 0.0f;
-        if (s.gk && !chan) { gi1 = G[r0 + i]; gn = G[r0 + n1]; }
+        float b = beta[r0 + i], bsum = 0.0f, eg_row = 1.0f, ed_row = 1.0f; // a scalar decay: one factor pair per row
+        if (s.gk && !chan) { float gi = G[r0 + i]; eg_row = expf(gi); ed_row = expf(G[r0 + n1] - gi); }
         F4 vq = *(const F4*)(dQg + idx), vqs = *(const F4*)(dq_s + idx), vkd = *(const F4*)(dKd + idx);
         F4 vkts = *(const F4*)(dkt_s + idx), vx = *(const F4*)(dX + idx), vkhs = *(const F4*)(dkh_s + idx);
         X4 xq = *(const X4*)(Q + idx), xkh = *(const X4*)(Kh + idx), xkt = *(const X4*)(Kt + idx);
         F4 oq, okt, okh, gc, kx;
         #pragma unroll
         for (int u = 0; u < VEC; u++) {
-            float eg = 1.0f, ed = 1.0f;
-            if (s.gk) {
-                float gi = chan ? G[(r0 + i) * gw + c0 + u] : gi1, gl = chan ? G[(r0 + n1) * gw + c0 + u] : gn;
+            float eg = eg_row, ed = ed_row;
+            if (chan) {
+                float gi = G[(r0 + i) * gw + c0 + u];
                 eg = expf(gi);
-                ed = expf(gl - gi);
+                ed = expf(G[(r0 + n1) * gw + c0 + u] - gi);
             }
             float qv = tof(xq.v[u]), khv = tof(xkh.v[u]), ktv = tof(xkt.v[u]);
             float dqv = vq.v[u] * eg + vqs.v[u];
