@@ -683,8 +683,8 @@ static size_t conv_smem_backward(int D, int cs) {
     return (size_t)((CONV_TR + cs - 1) * D + D * cs) * sizeof(float) + (size_t)(CONV_TR + cs - 1) * D * sizeof(floatX);
 }
 
-static void conv_norm_forward(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
-                              int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+static void conv_norm_forward_tiles(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
+                                    int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
     dim3 grid(B * H, cdiv(T, CONV_TR));
     size_t sm = conv_smem_forward(D, cs);
     int c = cdiv(D, 32);
@@ -695,9 +695,9 @@ static void conv_norm_forward(floatX* pre, floatX* out, float* rstd, const float
     cudaCheck(cudaGetLastError());
 }
 
-// dz (token-major floatX, row stride ldz: a slice of the packed projection gradients) and dw += from dy (head-major fp32)
-static void conv_norm_backward(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
-                               const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+static void conv_norm_backward_tiles(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd,
+                                     const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int cs,
+                                     int Tp, int norm, float scale) {
     int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
     float* partial = colsum_partials(nch, Ch * cs);
     dim3 grid(B * H, ntiles);
@@ -709,6 +709,250 @@ static void conv_norm_backward(floatX* dz, int ldz, float* dw, const float* dy, 
     else { conv_norm_backward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
+}
+
+// The same tiles with fewer instructions per element (the kernels above issue ~100 per element and reach ~40% of the
+// memory bandwidth): a thread owns NV consecutive channels of a token (NV = 4: 8-byte floatX and 16-byte fp32
+// accesses, 4 taps x NV weights in registers, <= 64 registers so that 4 blocks fit per SM as the shared memory
+// allows), the kernel size is a template parameter (all loops unrolled), the D/NV threads of a token are
+// consecutive lanes and reduce the norm's sums by shuffles. Weight gradient: per-thread sums, then the lanes of the
+// same channels within the warp, then the 8 warps in a fixed order. Needs D/NV a power of two <= 32 (D <= 128 at
+// NV = 4) and 16-byte aligned rows; otherwise the kernels above run. Lab: dev/cuda/conv_norm.cu (v4; v3 is NV = 8).
+
+// NV floatX in one access where possible (8 bf16: one 16-byte word; 8 fp32: two)
+template <int NV> struct alignas(NV * sizeof(floatX) < 16 ? NV * sizeof(floatX) : 16) XV { floatX v[NV]; };
+template <int NV> __device__ __forceinline__ void ldvf(float* d, const float* p) {
+    #pragma unroll
+    for (int q = 0; q < NV / 4; q++) {
+        float4 a = *(const float4*)(p + 4 * q);
+        d[4 * q] = a.x; d[4 * q + 1] = a.y; d[4 * q + 2] = a.z; d[4 * q + 3] = a.w;
+    }
+}
+template <int NV> __device__ __forceinline__ void stvf(float* p, const float* s) {
+    #pragma unroll
+    for (int q = 0; q < NV / 4; q++) { *(float4*)(p + 4 * q) = make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]); }
+}
+// sum over the ng lanes of a token group (consecutive lanes, ng a power of two <= 32); every lane of the warp calls it
+__device__ __forceinline__ float group_sum(float v, int ng) {
+    for (int o = ng / 2; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffff, v, o); }
+    return v;
+}
+
+template <int CS, int NV>
+__global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forward_vec_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
+                                                                             const floatX* w, const floatX* hist, int B, int T,
+                                                                             int H, int D, int Tp, int norm, float scale) {
+    extern __shared__ float conv_smem[];
+    float* ws = conv_smem;                         // (D, CS) the taps
+    floatX* zs = (floatX*)(ws + D * CS);           // (CONV_TR + CS - 1, D): z[t0 - CS + 1 + r]
+    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
+    int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR), nrows = t1 - t0 + CS - 1;
+    conv_stage(zs, z, hist, b, T, Ch, h * D, D, t0 - (CS - 1), nrows, t1, CS);
+    for (int i = threadIdx.x; i < D * CS; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * CS + i]); }
+    __syncthreads();
+    int ng = D / NV, g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = NV * g;
+    float wr[NV][CS];
+    #pragma unroll
+    for (int u = 0; u < NV; u++) {
+        #pragma unroll
+        for (int k = 0; k < CS; k++) { wr[u][k] = ws[(c0 + u) * CS + k]; }
+    }
+    int iters = (CONV_TR + nrun - 1) / nrun; // the same count for every thread: the group sums are warp shuffles
+    for (int it = 0; it < iters; it++) {
+        int tr = run + it * nrun, t = t0 + tr;
+        bool ok = t < t1;
+        float acc[NV], o[NV], ss = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
+        if (ok) {
+            #pragma unroll
+            for (int j = 0; j < CS; j++) { // the taps in v2's order: z[t - j] with w[CS - 1 - j]
+                XV<NV> zr = *(const XV<NV>*)(zs + (tr + CS - 1 - j) * D + c0);
+                #pragma unroll
+                for (int u = 0; u < NV; u++) { acc[u] += wr[u][CS - 1 - j] * tof(zr.v[u]); }
+            }
+        }
+        XV<NV> px;
+        #pragma unroll
+        for (int u = 0; u < NV; u++) {
+            px.v[u] = fromf<floatX>(acc[u]);
+            float p = tof(px.v[u]);
+            o[u] = tof(fromf<floatX>(p * sigmoidf_(p))); // rounded like the unfused SiLU output
+            ss += o[u] * o[u];
+        }
+        float r = 1.0f;
+        if (norm) {
+            ss = group_sum(ss, ng);
+            r = rsqrtf(ss + L2NORM_EPS_F);
+        }
+        if (!ok) { continue; }
+        *(XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0) = px;
+        if (norm && g == 0) { rstd[((long)b * T + t) * H + h] = r; }
+        XV<NV> ov;
+        #pragma unroll
+        for (int u = 0; u < NV; u++) { ov.v[u] = fromf<floatX>(norm ? o[u] * r * scale : o[u]); }
+        *(XV<NV>*)(out + (((long)b * H + h) * Tp + t) * D + c0) = ov;
+    }
+}
+
+template <int CS, int NV>
+__global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backward_vec_kernel(floatX* __restrict__ dz, int ldz, float* __restrict__ partial,
+                                                                              const float* __restrict__ dy, const floatX* __restrict__ out,
+                                                                              const float* __restrict__ rstd, const floatX* __restrict__ pre,
+                                                                              const floatX* __restrict__ z, const floatX* __restrict__ w,
+                                                                              int B, int T, int H, int D, int Tp, int norm, float scale,
+                                                                              int ntiles) {
+    extern __shared__ float conv_smem[];
+    int nr = CONV_TR + CS - 1;
+    float* dps = conv_smem;                        // (nr, D): dpre[t0 + r], zero at and after T; then the dw sums
+    float* ws = dps + nr * D;                      // (D, CS)
+    floatX* zs = (floatX*)(ws + D * CS);           // (nr, D): z[t0 - CS + 1 + r]
+    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
+    int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR);
+    conv_stage(zs, z, nullptr, b, T, Ch, h * D, D, t0 - (CS - 1), nr, t1, CS);
+    for (int i = threadIdx.x; i < D * CS; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * CS + i]); }
+    int ng = D / NV, g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = NV * g;
+    // phase 1: dpre of the tile and the CS-1 tokens after it (rows at or after T: zero)
+    int iters = (nr + nrun - 1) / nrun;
+    for (int it = 0; it < iters; it++) {
+        int r = run + it * nrun, t = t0 + r;
+        bool ok = r < nr && t < T;
+        float dyv[NV], ov[NV], pv[NV], dot = 0.0f, rr = 1.0f;
+        #pragma unroll
+        for (int u = 0; u < NV; u++) { dyv[u] = 0.0f; ov[u] = 0.0f; pv[u] = 0.0f; }
+        if (ok) {
+            long ob = (((long)b * H + h) * Tp + t) * D + c0;
+            ldvf<NV>(dyv, dy + ob);
+            XV<NV> xo = *(const XV<NV>*)(out + ob), xp = *(const XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0);
+            #pragma unroll
+            for (int u = 0; u < NV; u++) {
+                ov[u] = norm ? tof(xo.v[u]) : 0.0f;
+                pv[u] = tof(xp.v[u]);
+                dot += dyv[u] * ov[u];
+            }
+            if (norm) { rr = rstd[((long)b * T + t) * H + h]; }
+        }
+        if (norm) { dot = group_sum(dot, ng); }
+        if (r >= nr) { continue; }
+        float dp[NV];
+        #pragma unroll
+        for (int u = 0; u < NV; u++) {
+            float dx = norm ? rr * (scale * dyv[u] - ov[u] * dot / scale) : dyv[u];
+            float sg = sigmoidf_(pv[u]);
+            dp[u] = dx * sg * (1.0f + pv[u] * (1.0f - sg));
+        }
+        stvf<NV>(dps + r * D + c0, dp);
+    }
+    __syncthreads();
+    // phase 2: dz[s] = Σ_j w[CS-1-j] dpre[s+j] and the tap sums dwr[j] = Σ_s dpre[s] z[s-j], as v2 orders them
+    float wr[NV][CS], dwr[NV][CS];
+    #pragma unroll
+    for (int u = 0; u < NV; u++) {
+        #pragma unroll
+        for (int k = 0; k < CS; k++) { wr[u][k] = ws[(c0 + u) * CS + k]; dwr[u][k] = 0.0f; }
+    }
+    for (int s = t0 + run; s < t1; s += nrun) {
+        int r = s - t0;
+        float acc[NV], dp[NV];
+        ldvf<NV>(dp, dps + r * D + c0);
+        #pragma unroll
+        for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
+        #pragma unroll
+        for (int j = 0; j < CS; j++) {
+            float dn[NV];
+            ldvf<NV>(dn, dps + (r + j) * D + c0);
+            XV<NV> zr = *(const XV<NV>*)(zs + (r + CS - 1 - j) * D + c0);
+            #pragma unroll
+            for (int u = 0; u < NV; u++) {
+                acc[u] += wr[u][CS - 1 - j] * dn[u];
+                dwr[u][j] += dp[u] * tof(zr.v[u]);
+            }
+        }
+        XV<NV> xz;
+        #pragma unroll
+        for (int u = 0; u < NV; u++) { xz.v[u] = fromf<floatX>(acc[u]); }
+        *(XV<NV>*)(dz + ((long)b * T + s) * ldz + h * D + c0) = xz;
+    }
+    // the tap sums: lanes with the same channels within the warp (offsets ng, 2 ng, ... 16), then the warps in order
+    #pragma unroll
+    for (int u = 0; u < NV; u++) {
+        #pragma unroll
+        for (int j = 0; j < CS; j++) {
+            for (int o = 16; o >= ng; o >>= 1) { dwr[u][j] += __shfl_xor_sync(0xffffffff, dwr[u][j], o); }
+        }
+    }
+    __syncthreads(); // dps is reused for the warps' sums: (8 warps, D, CS)
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = CONV_THREADS / 32;
+    if (lane < ng) {
+        #pragma unroll
+        for (int u = 0; u < NV; u++) {
+            #pragma unroll
+            for (int j = 0; j < CS; j++) { dps[((long)warp * D + c0 + u) * CS + j] = dwr[u][j]; }
+        }
+    }
+    __syncthreads();
+    long prow = (long)b * ntiles + blockIdx.y;
+    for (int i = threadIdx.x; i < D * CS; i += CONV_THREADS) {
+        int cc = i / CS, j = i % CS;
+        float sum = 0.0f;
+        for (int q = 0; q < nw; q++) { sum += dps[((long)q * D + cc) * CS + j]; }
+        partial[prow * Ch * CS + (long)(h * D + cc) * CS + CS - 1 - j] = sum;
+    }
+}
+
+template <int NV> static bool conv_vec_ok(int H, int D, int cs, std::initializer_list<const void*> ptrs) {
+    int ng = D / NV;
+    bool ok = D % NV == 0 && ng >= 1 && ng <= 32 && (ng & (ng - 1)) == 0 && cs >= 1 && cs <= CONV_CS_MAX && (H * D) % 8 == 0;
+    for (const void* p : ptrs) { ok = ok && (!p || aligned16(p)); }
+    return ok;
+}
+template <int NV>
+static bool conv_norm_forward_vec(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
+                                 int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+    if (!conv_vec_ok<NV>(H, D, cs, {pre, out, z, hist})) { return false; }
+    dim3 grid(B * H, cdiv(T, CONV_TR));
+    size_t sm = conv_smem_forward(D, cs);
+    switch (cs) {
+        case 1: conv_norm_forward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
+        case 2: conv_norm_forward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
+        case 3: conv_norm_forward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
+        default: conv_norm_forward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
+    }
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+template <int NV>
+static bool conv_norm_backward_vec(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd,
+                                  const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp,
+                                  int norm, float scale) {
+    if (!conv_vec_ok<NV>(H, D, cs, {dz, dy, out, pre, z}) || ldz % 8 != 0) { return false; }
+    int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
+    float* partial = colsum_partials(nch, Ch * cs);
+    dim3 grid(B * H, ntiles);
+    size_t sm = conv_smem_backward(D, cs);
+    switch (cs) {
+        case 1: conv_norm_backward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
+        case 2: conv_norm_backward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
+        case 3: conv_norm_backward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
+        default: conv_norm_backward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
+    }
+    cudaCheck(cudaGetLastError());
+    colsum_finish(dw, nch, Ch * cs);
+    return true;
+}
+
+static void conv_norm_forward(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
+                              int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+    if (!conv_norm_forward_vec<4>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale)) {
+        conv_norm_forward_tiles(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale);
+    }
+}
+// dz (token-major floatX, row stride ldz: a slice of the packed projection gradients) and dw += from dy (head-major fp32)
+static void conv_norm_backward(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
+                               const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+    if (!conv_norm_backward_vec<4>(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale)) {
+        conv_norm_backward_tiles(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale);
+    }
 }
 
 // Gates (SPEC §3.4-3.6). pre: (B, T, H*gw) floatX from a projection; out head-major (B, H, Tp, gw) fp32.
@@ -2801,6 +3045,17 @@ template <typename F> static void allow_dynamic_smem(F* kernel, int optin) {
     cudaCheck(cudaFuncGetAttributes(&at, (const void*)kernel));
     cudaCheck(cudaFuncSetAttribute((const void*)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - (int)at.sharedSizeBytes));
 }
+// the conv_norm_*_vec kernels' opt-in, every kernel size
+template <int NV> static void conv_vec_setup(void) {
+    allow_dynamic_smem(conv_norm_forward_vec_kernel<1, NV>, smem_optin);
+    allow_dynamic_smem(conv_norm_forward_vec_kernel<2, NV>, smem_optin);
+    allow_dynamic_smem(conv_norm_forward_vec_kernel<3, NV>, smem_optin);
+    allow_dynamic_smem(conv_norm_forward_vec_kernel<4, NV>, smem_optin);
+    allow_dynamic_smem(conv_norm_backward_vec_kernel<1, NV>, smem_optin);
+    allow_dynamic_smem(conv_norm_backward_vec_kernel<2, NV>, smem_optin);
+    allow_dynamic_smem(conv_norm_backward_vec_kernel<3, NV>, smem_optin);
+    allow_dynamic_smem(conv_norm_backward_vec_kernel<4, NV>, smem_optin);
+}
 static void mixer_kernel_setup(void) {
     int optin = 0;
     cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
@@ -2813,6 +3068,7 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(conv_norm_backward_kernel<2>, optin);
     allow_dynamic_smem(conv_norm_backward_kernel<4>, optin);
     allow_dynamic_smem(conv_norm_backward_kernel<8>, optin);
+    conv_vec_setup<4>();
     allow_dynamic_smem(scores_channel_kernel, optin);
     allow_dynamic_smem(scores_channel_backward_kernel, optin);
     allow_dynamic_smem(state_forward_kernel, optin);

@@ -10,21 +10,24 @@ Layouts as in the trainer: z, pre, dz token-major (B, T, H*D); out, dy head-majo
 Versions:
   v1  the trainer's kernels until 2026-12-01: a warp per (b, h, 64-token range) walking its tokens one after the
       other with a register window (one token's loads in flight at a time)
-  v2  the trainer's kernels: a block per (b, h, 64-token tile), the tile (and the cs-1 tokens around it) staged in
-      shared memory with all loads in flight, tokens independent of each other; the weight gradient summed per tile
-      in a fixed order (partials, then colsum_finish)
-  v3  v2's tiles with fewer instructions per element (v2 runs at ~40% of the memory bandwidth and issues ~100
-      instructions per element: per channel and tap a 2-byte shared load and the tap weight from shared memory):
-      a thread owns 8 consecutive channels (16-byte shared and global accesses), their taps in registers, the kernel
-      size a template parameter (all loops unrolled); the threads of one token are D/8 consecutive lanes and reduce
-      the norm's sums by shuffles. Weight gradient: per-thread sums, then lanes of the same channels within the
-      warp, then the 8 warps in a fixed order. Needs D/8 a power of two <= 32 and 16-byte aligned rows, else v2 runs.
-      WRITTEN 2026-12-01 AFTER THE DEVICE TIME RAN OUT: compiled, not yet run on a GPU.
+  v2  the trainer's general kernels (conv_norm_*_tiles: any D <= 256): a block per (b, h, 64-token tile), the tile
+      (and the cs-1 tokens around it) staged in shared memory with all loads in flight, tokens independent of each
+      other; the weight gradient summed per tile in a fixed order (partials, then colsum_finish). ~100 instructions
+      per element (per channel and tap a 2-byte shared load and the tap weight from shared memory): ~40% of the
+      memory bandwidth at the 340m shape
+  v3  v2's tiles, a thread per NV = 8 consecutive channels (16-byte accesses), the taps in registers, the kernel size
+      a template parameter; the D/NV threads of one token are consecutive lanes and reduce the norm's sums by
+      shuffles; weight gradient per thread, then lanes within the warp, then the 8 warps in a fixed order (the
+      trainer's conv_norm_*_vec<8>). Fewer instructions but 126 registers in the backward: 2 blocks per SM, slower
+      than v2 there (H200, 2026-12-01: fwd 0.160 vs 0.151 ms, bwd 0.369 vs 0.257)
+  v4  the trainer's kernels: v3 with NV = 4 (8-byte floatX, 16-byte fp32 accesses; <= 64 registers, 4 blocks per SM
+      as the shared memory allows): fwd 0.112 ms, bwd 0.221 ms at the timing shape (H200, 2026-12-01). Needs D/NV a
+      power of two <= 32 and 16-byte aligned rows, else v2 runs (D = 36 and 256 below take that path).
 
 CPU reference in double from the inputs as the device sees them (z, w, history rounded to floatX; pre and o rounded
 to floatX where the device stores or rounds them).
-Validation: B=2, H=3, T=200 (a partial last tile of 8 tokens), D = 32, 36 (not a multiple of 8: the element-wise
-staging path), 128; cs = 4 and 2; with and without the norm (q is scaled by 1/sqrt(D)); the forward also with a
+Validation: B=2, H=3, T=200 (a partial last tile of 8 tokens), D = 16, 32, 36 (not a multiple of 8: the element-wise
+staging path and the v2 fallback), 128, 256 (v3 at 32 lanes per token; v4 falls back to v2); cs = 4 and 2; with and without the norm (q is scaled by 1/sqrt(D)); the forward also with a
 history (generation). Tolerances (relative L2): pre, out, dz are floatX: 1e-2 in bf16 (one rounding, rms ~1e-3;
 the backward also starts from the rounded out), 1e-5 / 1e-4 in fp32; rstd 1e-3 in bf16 (from rounded o), 1e-5 in
 fp32; dw (fp32 sums over B*T tokens of a gradient that carries bf16 inputs) 1e-2 in bf16, 1e-4 in fp32.
@@ -32,19 +35,19 @@ Timing: B=16, H=8, T=2048, D=128, cs=4, with norm (one of q, k at the 340m shape
 
 Build and run (from the repository root):
   make -C dev/cuda conv_norm conv_norm_fp32
-  dev/cuda/conv_norm [1|2] [--no-bench]
+  dev/cuda/conv_norm [1|2|3|4] [--no-bench]
 */
 #define TESTING
 #include "../../train_pdn.cu"
 #include "common.h"
 
-#define NVERSIONS 3
+#define NVERSIONS 4
 #ifdef ENABLE_FP32
 static const double TOL_X = 1e-5, TOL_DX = 1e-4, TOL_RSTD = 1e-5, TOL_DW = 1e-4;
 #else
 static const double TOL_X = 1e-2, TOL_DX = 1e-2, TOL_RSTD = 1e-3, TOL_DW = 1e-2;
 #endif
-static const char* VERSION_NAME[4] = {"", "v1 token chain", "v2 smem tiles", "v3 8-channel thr"};
+static const char* VERSION_NAME[5] = {"", "v1 token chain", "v2 smem tiles", "v3 8-channel thr", "v4 4-channel thr"};
 
 // ----------------------------------------------------------------------------------------------------
 // v1: the trainer's kernels until 2026-12-01 (4 warps per block, one 64-token range per warp)
@@ -221,230 +224,6 @@ static void conv_norm_backward_v1(floatX* dz, float* dw, const float* dy, const 
 
 
 // ----------------------------------------------------------------------------------------------------
-// v3: v2's tiles, a thread per 8 consecutive channels of a token (see the header)
-
-struct alignas(16) X8 { floatX v[8]; }; // 8 floatX: one (bf16) or two (fp32) 16-byte words
-__device__ __forceinline__ void ld8f(float* d, const float* p) {
-    float4 a = *(const float4*)p, b = *(const float4*)(p + 4);
-    d[0] = a.x; d[1] = a.y; d[2] = a.z; d[3] = a.w; d[4] = b.x; d[5] = b.y; d[6] = b.z; d[7] = b.w;
-}
-__device__ __forceinline__ void st8f(float* p, const float* s) {
-    *(float4*)p = make_float4(s[0], s[1], s[2], s[3]);
-    *(float4*)(p + 4) = make_float4(s[4], s[5], s[6], s[7]);
-}
-// sum over the ng lanes of a token group (consecutive lanes, ng a power of two <= 32); every lane of the warp calls it
-__device__ __forceinline__ float group_sum(float v, int ng) {
-    for (int o = ng / 2; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffff, v, o); }
-    return v;
-}
-
-template <int CS>
-__global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_v3_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
-                                                                             const floatX* w, const floatX* hist, int B, int T,
-                                                                             int H, int D, int Tp, int norm, float scale) {
-    extern __shared__ float conv_smem[];
-    float* ws = conv_smem;                         // (D, CS) the taps
-    floatX* zs = (floatX*)(ws + D * CS);           // (CONV_TR + CS - 1, D): z[t0 - CS + 1 + r]
-    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
-    int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR), nrows = t1 - t0 + CS - 1;
-    conv_stage(zs, z, hist, b, T, Ch, h * D, D, t0 - (CS - 1), nrows, t1, CS);
-    for (int i = threadIdx.x; i < D * CS; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * CS + i]); }
-    __syncthreads();
-    int ng = D / 8, g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = 8 * g;
-    float wr[8][CS];
-    #pragma unroll
-    for (int u = 0; u < 8; u++) {
-        #pragma unroll
-        for (int k = 0; k < CS; k++) { wr[u][k] = ws[(c0 + u) * CS + k]; }
-    }
-    int iters = (CONV_TR + nrun - 1) / nrun; // the same count for every thread: the group sums are warp shuffles
-    for (int it = 0; it < iters; it++) {
-        int tr = run + it * nrun, t = t0 + tr;
-        bool ok = t < t1;
-        float acc[8], o[8], ss = 0.0f;
-        #pragma unroll
-        for (int u = 0; u < 8; u++) { acc[u] = 0.0f; }
-        if (ok) {
-            #pragma unroll
-            for (int j = 0; j < CS; j++) { // the taps in v2's order: z[t - j] with w[CS - 1 - j]
-                X8 zr = *(const X8*)(zs + (tr + CS - 1 - j) * D + c0);
-                #pragma unroll
-                for (int u = 0; u < 8; u++) { acc[u] += wr[u][CS - 1 - j] * tof(zr.v[u]); }
-            }
-        }
-        X8 px;
-        #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            px.v[u] = fromf<floatX>(acc[u]);
-            float p = tof(px.v[u]);
-            o[u] = tof(fromf<floatX>(p * sigmoidf_(p))); // rounded like the unfused SiLU output
-            ss += o[u] * o[u];
-        }
-        float r = 1.0f;
-        if (norm) {
-            ss = group_sum(ss, ng);
-            r = rsqrtf(ss + L2NORM_EPS_F);
-        }
-        if (!ok) { continue; }
-        *(X8*)(pre + ((long)b * T + t) * Ch + h * D + c0) = px;
-        if (norm && g == 0) { rstd[((long)b * T + t) * H + h] = r; }
-        X8 ov;
-        #pragma unroll
-        for (int u = 0; u < 8; u++) { ov.v[u] = fromf<floatX>(norm ? o[u] * r * scale : o[u]); }
-        *(X8*)(out + (((long)b * H + h) * Tp + t) * D + c0) = ov;
-    }
-}
-
-template <int CS>
-__global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_v3_kernel(floatX* __restrict__ dz, int ldz, float* __restrict__ partial,
-                                                                              const float* __restrict__ dy, const floatX* __restrict__ out,
-                                                                              const float* __restrict__ rstd, const floatX* __restrict__ pre,
-                                                                              const floatX* __restrict__ z, const floatX* __restrict__ w,
-                                                                              int B, int T, int H, int D, int Tp, int norm, float scale,
-                                                                              int ntiles) {
-    extern __shared__ float conv_smem[];
-    int nr = CONV_TR + CS - 1;
-    float* dps = conv_smem;                        // (nr, D): dpre[t0 + r], zero at and after T; then the dw sums
-    float* ws = dps + nr * D;                      // (D, CS)
-    floatX* zs = (floatX*)(ws + D * CS);           // (nr, D): z[t0 - CS + 1 + r]
-    int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
-    int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR);
-    conv_stage(zs, z, nullptr, b, T, Ch, h * D, D, t0 - (CS - 1), nr, t1, CS);
-    for (int i = threadIdx.x; i < D * CS; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * CS + i]); }
-    int ng = D / 8, g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = 8 * g;
-    // phase 1: dpre of the tile and the CS-1 tokens after it (rows at or after T: zero)
-    int iters = (nr + nrun - 1) / nrun;
-    for (int it = 0; it < iters; it++) {
-        int r = run + it * nrun, t = t0 + r;
-        bool ok = r < nr && t < T;
-        float dyv[8], ov[8], pv[8], dot = 0.0f, rr = 1.0f;
-        #pragma unroll
-        for (int u = 0; u < 8; u++) { dyv[u] = 0.0f; ov[u] = 0.0f; pv[u] = 0.0f; }
-        if (ok) {
-            long ob = (((long)b * H + h) * Tp + t) * D + c0;
-            ld8f(dyv, dy + ob);
-            X8 xo = *(const X8*)(out + ob), xp = *(const X8*)(pre + ((long)b * T + t) * Ch + h * D + c0);
-            #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                ov[u] = norm ? tof(xo.v[u]) : 0.0f;
-                pv[u] = tof(xp.v[u]);
-                dot += dyv[u] * ov[u];
-            }
-            if (norm) { rr = rstd[((long)b * T + t) * H + h]; }
-        }
-        if (norm) { dot = group_sum(dot, ng); }
-        if (r >= nr) { continue; }
-        float dp[8];
-        #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            float dx = norm ? rr * (scale * dyv[u] - ov[u] * dot / scale) : dyv[u];
-            float sg = sigmoidf_(pv[u]);
-            dp[u] = dx * sg * (1.0f + pv[u] * (1.0f - sg));
-        }
-        st8f(dps + r * D + c0, dp);
-    }
-    __syncthreads();
-    // phase 2: dz[s] = Σ_j w[CS-1-j] dpre[s+j] and the tap sums dwr[j] = Σ_s dpre[s] z[s-j], as v2 orders them
-    float wr[8][CS], dwr[8][CS];
-    #pragma unroll
-    for (int u = 0; u < 8; u++) {
-        #pragma unroll
-        for (int k = 0; k < CS; k++) { wr[u][k] = ws[(c0 + u) * CS + k]; dwr[u][k] = 0.0f; }
-    }
-    for (int s = t0 + run; s < t1; s += nrun) {
-        int r = s - t0;
-        float acc[8], dp[8];
-        ld8f(dp, dps + r * D + c0);
-        #pragma unroll
-        for (int u = 0; u < 8; u++) { acc[u] = 0.0f; }
-        #pragma unroll
-        for (int j = 0; j < CS; j++) {
-            float dn[8];
-            ld8f(dn, dps + (r + j) * D + c0);
-            X8 zr = *(const X8*)(zs + (r + CS - 1 - j) * D + c0);
-            #pragma unroll
-            for (int u = 0; u < 8; u++) {
-                acc[u] += wr[u][CS - 1 - j] * dn[u];
-                dwr[u][j] += dp[u] * tof(zr.v[u]);
-            }
-        }
-        X8 xz;
-        #pragma unroll
-        for (int u = 0; u < 8; u++) { xz.v[u] = fromf<floatX>(acc[u]); }
-        *(X8*)(dz + ((long)b * T + s) * ldz + h * D + c0) = xz;
-    }
-    // the tap sums: lanes with the same channels within the warp (offsets ng, 2 ng, ... 16), then the warps in order
-    #pragma unroll
-    for (int u = 0; u < 8; u++) {
-        #pragma unroll
-        for (int j = 0; j < CS; j++) {
-            for (int o = 16; o >= ng; o >>= 1) { dwr[u][j] += __shfl_xor_sync(0xffffffff, dwr[u][j], o); }
-        }
-    }
-    __syncthreads(); // dps is reused for the warps' sums: (8 warps, D, CS)
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = CONV_THREADS / 32;
-    if (lane < ng) {
-        #pragma unroll
-        for (int u = 0; u < 8; u++) {
-            #pragma unroll
-            for (int j = 0; j < CS; j++) { dps[((long)warp * D + c0 + u) * CS + j] = dwr[u][j]; }
-        }
-    }
-    __syncthreads();
-    long prow = (long)b * ntiles + blockIdx.y;
-    for (int i = threadIdx.x; i < D * CS; i += CONV_THREADS) {
-        int cc = i / CS, j = i % CS;
-        float sum = 0.0f;
-        for (int q = 0; q < nw; q++) { sum += dps[((long)q * D + cc) * CS + j]; }
-        partial[prow * Ch * CS + (long)(h * D + cc) * CS + CS - 1 - j] = sum;
-    }
-}
-
-// v3 where its conditions hold (else the trainer's v2); same arguments as the trainer's launchers
-static bool conv_v3_ok(int H, int D, int cs, std::initializer_list<const void*> ptrs) {
-    int ng = D / 8;
-    bool ok = D % 8 == 0 && ng >= 1 && ng <= 32 && (ng & (ng - 1)) == 0 && cs >= 1 && cs <= CONV_CS_MAX && (H * D) % 8 == 0;
-    for (const void* p : ptrs) { ok = ok && (!p || aligned16(p)); }
-    return ok;
-}
-static void conv_norm_forward_v3(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
-                                 int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
-    if (!conv_v3_ok(H, D, cs, {pre, out, z, hist})) {
-        conv_norm_forward(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale);
-        return;
-    }
-    dim3 grid(B * H, cdiv(T, CONV_TR));
-    size_t sm = conv_smem_forward(D, cs);
-    switch (cs) {
-        case 1: conv_norm_forward_v3_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
-        case 2: conv_norm_forward_v3_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
-        case 3: conv_norm_forward_v3_kernel<3><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
-        default: conv_norm_forward_v3_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
-    }
-    cudaCheck(cudaGetLastError());
-}
-static void conv_norm_backward_v3(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd,
-                                  const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp,
-                                  int norm, float scale) {
-    if (!conv_v3_ok(H, D, cs, {dz, dy, out, pre, z}) || ldz % 8 != 0) {
-        conv_norm_backward(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale);
-        return;
-    }
-    int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
-    float* partial = colsum_partials(nch, Ch * cs);
-    dim3 grid(B * H, ntiles);
-    size_t sm = conv_smem_backward(D, cs);
-    switch (cs) {
-        case 1: conv_norm_backward_v3_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
-        case 2: conv_norm_backward_v3_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
-        case 3: conv_norm_backward_v3_kernel<3><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
-        default: conv_norm_backward_v3_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
-    }
-    cudaCheck(cudaGetLastError());
-    colsum_finish(dw, nch, Ch * cs);
-}
-
-// ----------------------------------------------------------------------------------------------------
 
 struct CvShape { int B, T, H, D, cs, Tp; };
 struct CvDev { floatX *z, *w, *hist, *pre, *out, *dz; float *rstd, *dy, *dw; };
@@ -466,14 +245,21 @@ static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale,
     const floatX* h = hist ? d.hist : nullptr;
     float* r = norm ? d.rstd : nullptr;
     if (v == 1) { conv_norm_forward_v1(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 2) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else { conv_norm_forward_v3(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (v == 2) { conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (v == 4) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (!conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale)) {
+        conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale);
+    }
 }
 static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale) {
     const float* r = norm ? d.rstd : nullptr;
+    int ld = s.H * s.D;
     if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 2) { conv_norm_backward(d.dz, s.H * s.D, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else { conv_norm_backward_v3(d.dz, s.H * s.D, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (v == 2) { conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (v == 4) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (!conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale)) {
+        conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale);
+    }
 }
 
 static void validate_case(int version_sel, const CvShape& s, int norm, int hist, uint64_t seed) {
@@ -630,10 +416,11 @@ static void bench(int version_sel) {
 int main(int argc, char** argv) {
     LabArgs a = lab_args(argc, argv, NVERSIONS);
     lab_setup();
+    conv_vec_setup<8>(); // v4's (NV = 4) opt-in is in mixer_kernel_setup
     if (a.validate) {
         printf("\n=== validation: conv_norm (%s) vs the CPU reference in double; B=2 H=3 T=200 ===\n", PRECISION_NAME);
         uint64_t seed = 300;
-        for (int D : {32, 36, 128}) {
+        for (int D : {16, 32, 36, 128, 256}) {
             for (int cs : {4, 2}) {
                 CvShape s{2, 200, 3, D, cs, 256};
                 validate_case(a.version, s, 1, 0, seed++);
