@@ -85,6 +85,19 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf
 // 16-byte vectors of floatX for memory-bound kernels (8 bf16 or 4 fp32 per load/store)
 #define XVEC ((int)(16 / sizeof(floatX)))
 struct alignas(16) XPack { floatX v[16 / sizeof(floatX)]; };
+// NV floatX in one access where possible (8 bf16: one 16-byte word; 8 fp32: two)
+template <int NV> struct alignas(NV * sizeof(floatX) < 16 ? NV * sizeof(floatX) : 16) XV { floatX v[NV]; };
+template <int NV> __device__ __forceinline__ void ldvf(float* d, const float* p) {
+    #pragma unroll
+    for (int q = 0; q < NV / 4; q++) {
+        float4 a = *(const float4*)(p + 4 * q);
+        d[4 * q] = a.x; d[4 * q + 1] = a.y; d[4 * q + 2] = a.z; d[4 * q + 3] = a.w;
+    }
+}
+template <int NV> __device__ __forceinline__ void stvf(float* p, const float* s) {
+    #pragma unroll
+    for (int q = 0; q < NV / 4; q++) { *(float4*)(p + 4 * q) = make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]); }
+}
 static inline bool aligned16(const void* p) { return ((uintptr_t)p & 15) == 0; }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
@@ -475,13 +488,109 @@ __global__ void rmsnorm_dw_partial_kernel(float* partial, const float* dout_f, c
     s = colsum_block_reduce(s);
     if (threadIdx.y == 0 && c < C) { partial[(long)ch * C + c] = s; }
 }
-static void rmsnorm_backward(float* dinp, float* dw, const float* dout_f, const floatX* dout_x, const floatX* inp,
-                             const float* inp_f, const floatX* w, const float* rstd, long N, int C,
-                             const float* dbase = nullptr, floatX* dinp_x = nullptr) {
+static void rmsnorm_backward_rows(float* dinp, float* dw, const float* dout_f, const floatX* dout_x, const floatX* inp,
+                                  const float* inp_f, const floatX* w, const float* rstd, long N, int C,
+                                  const float* dbase, floatX* dinp_x) {
     rmsnorm_backward_kernel<<<cdiv(N, 8), 256, 0, main_stream>>>(dinp, dbase, dinp_x, dout_f, dout_x, inp, inp_f, w, rstd, (int)N, C);
     int nch = cdiv(N, COLSUM_ROWS);
     rmsnorm_dw_partial_kernel<<<dim3(cdiv(C, 32), nch), dim3(32, 8), 0, main_stream>>>(colsum_partials(nch, C), dout_f, dout_x, inp,
                                                                                inp_f, rstd, (int)N, C);
+    cudaCheck(cudaGetLastError());
+    colsum_finish(dw, nch, C);
+}
+
+
+// The same backward in one pass for the trainer's combination (dy fp32, x floatX) when C is a multiple of 128 up to
+// 1024: a warp per row with the row in registers (lane owns NPL groups of 4 columns: 16-byte fp32 and 8-byte bf16
+// accesses), and the weight gradient summed on the fly: each warp over its RMS_RPW rows in registers, then the 8 warps
+// in a fixed order into one partial row per block (the two-kernel version re-read dy and x for it). The per-warp sums
+// live in shared memory (each lane owns its columns): in registers they spilled at C = 1024.
+#define RMS_RPW 16
+template <int NPL>
+__global__ void __launch_bounds__(256, 2) rmsnorm_backward_fused_kernel(float* __restrict__ partial, float* __restrict__ dinp,
+                                                                       const float* __restrict__ dbase, floatX* __restrict__ dinp_x,
+                                                                       const float* __restrict__ dout, const floatX* __restrict__ inp,
+                                                                       const floatX* __restrict__ w, const float* __restrict__ rstd,
+                                                                       int N, int C) {
+    __shared__ float red[8][NPL * 128]; // (warp, C) the warps' weight-gradient sums
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    XV<4> wx[NPL], xx[NPL]; // w and the row's x kept as floatX; the warp's dw sums in its own row of red
+    #pragma unroll
+    for (int k = 0; k < NPL; k++) {
+        wx[k] = *(const XV<4>*)(w + 4 * (lane + 32 * k));
+        *(float4*)&red[warp][4 * (lane + 32 * k)] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    int row0 = (blockIdx.x * 8 + warp) * RMS_RPW;
+    for (int i = 0; i < RMS_RPW; i++) {
+        int row = row0 + i;
+        if (row >= N) { break; }
+        long base = (long)row * C;
+        float dy[NPL][4], dot = 0.0f, r = rstd[row];
+        #pragma unroll
+        for (int k = 0; k < NPL; k++) {
+            int c = 4 * (lane + 32 * k);
+            ldvf<4>(dy[k], dout + base + c);
+            xx[k] = *(const XV<4>*)(inp + base + c);
+        }
+        #pragma unroll
+        for (int k = 0; k < NPL; k++) {
+            #pragma unroll
+            for (int u = 0; u < 4; u++) { dot += dy[k][u] * tof(wx[k].v[u]) * tof(xx[k].v[u]); }
+        }
+        dot = warp_sum(dot);
+        float kk = r * r * r * dot / C;
+        #pragma unroll
+        for (int k = 0; k < NPL; k++) {
+            int c = 4 * (lane + 32 * k);
+            float v[4], b[4];
+            ldvf<4>(b, (dbase ? dbase : dinp) + base + c);
+            XV<4> vx;
+            float* dw = &red[warp][c];
+            float4 s = *(float4*)dw;
+            float sv[4] = {s.x, s.y, s.z, s.w};
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float x = tof(xx[k].v[u]);
+                v[u] = b[u] + (r * dy[k][u] * tof(wx[k].v[u]) - kk * x);
+                vx.v[u] = fromf<floatX>(v[u]);
+                sv[u] += dy[k][u] * x * r;
+            }
+            stvf<4>(dw, sv);
+            stvf<4>(dinp + base + c, v);
+            if (dinp_x) { *(XV<4>*)(dinp_x + base + c) = vx; }
+        }
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < C; c += 256) {
+        float s = 0.0f;
+        #pragma unroll
+        for (int q = 0; q < 8; q++) { s += red[q][c]; }
+        partial[(long)blockIdx.x * C + c] = s;
+    }
+}
+// dinp = (dbase or dinp) + the norm's backward (fp32, and its floatX copy if dinp_x), dw += the weight gradient
+static void rmsnorm_backward(float* dinp, float* dw, const float* dout_f, const floatX* dout_x, const floatX* inp,
+                             const float* inp_f, const floatX* w, const float* rstd, long N, int C,
+                             const float* dbase = nullptr, floatX* dinp_x = nullptr) {
+    int npl = C / 128;
+    bool fused = dout_f && !inp_f && C % 128 == 0 && npl >= 1 && npl <= 8 && aligned16(dinp) && aligned16(dout_f) &&
+                 aligned16(inp) && aligned16(w) && (!dbase || aligned16(dbase)) && (!dinp_x || aligned16(dinp_x));
+    if (!fused) {
+        rmsnorm_backward_rows(dinp, dw, dout_f, dout_x, inp, inp_f, w, rstd, N, C, dbase, dinp_x);
+        return;
+    }
+    int nch = cdiv(N, 8 * RMS_RPW);
+    float* partial = colsum_partials(nch, C);
+    switch (npl) {
+        case 1: rmsnorm_backward_fused_kernel<1><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
+        case 2: rmsnorm_backward_fused_kernel<2><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
+        case 3: rmsnorm_backward_fused_kernel<3><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
+        case 4: rmsnorm_backward_fused_kernel<4><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
+        case 5: rmsnorm_backward_fused_kernel<5><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
+        case 6: rmsnorm_backward_fused_kernel<6><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
+        case 7: rmsnorm_backward_fused_kernel<7><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
+        default: rmsnorm_backward_fused_kernel<8><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
+    }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, C);
 }
@@ -719,19 +828,6 @@ static void conv_norm_backward_tiles(floatX* dz, int ldz, float* dw, const float
 // same channels within the warp, then the 8 warps in a fixed order. Needs D/NV a power of two <= 32 (D <= 128 at
 // NV = 4) and 16-byte aligned rows; otherwise the kernels above run. Lab: dev/cuda/conv_norm.cu (v4; v3 is NV = 8).
 
-// NV floatX in one access where possible (8 bf16: one 16-byte word; 8 fp32: two)
-template <int NV> struct alignas(NV * sizeof(floatX) < 16 ? NV * sizeof(floatX) : 16) XV { floatX v[NV]; };
-template <int NV> __device__ __forceinline__ void ldvf(float* d, const float* p) {
-    #pragma unroll
-    for (int q = 0; q < NV / 4; q++) {
-        float4 a = *(const float4*)(p + 4 * q);
-        d[4 * q] = a.x; d[4 * q + 1] = a.y; d[4 * q + 2] = a.z; d[4 * q + 3] = a.w;
-    }
-}
-template <int NV> __device__ __forceinline__ void stvf(float* p, const float* s) {
-    #pragma unroll
-    for (int q = 0; q < NV / 4; q++) { *(float4*)(p + 4 * q) = make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]); }
-}
 // sum over the ng lanes of a token group (consecutive lanes, ng a power of two <= 32); every lane of the warp calls it
 __device__ __forceinline__ float group_sum(float v, int ng) {
     for (int o = ng / 2; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffff, v, o); }

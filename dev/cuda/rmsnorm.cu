@@ -7,25 +7,29 @@ Kernel lab: RMSNorm (SPEC §2) with the fused residual add, forward and backward
 
 Versions:
   v1  naive: one thread per row for the forward and for dinp (uncoalesced), one thread per column over all rows for dw
-  v2  the trainer's: rmsnorm_forward (warp per row), rmsnorm_backward (warp per row for dinp; the weight gradient as
-      partial sums over 256-row chunks written on the fly, rmsnorm_dw_partial_kernel, then colsum_finish in fixed order)
+  v2  the trainer's forward, rmsnorm_forward (warp per row), and its general backward, rmsnorm_backward_rows (warp per
+      row for dinp; the weight gradient as partial sums over 256-row chunks, rmsnorm_dw_partial_kernel, re-reading dy
+      and x, then colsum_finish in fixed order)
+  v3  the trainer's backward, rmsnorm_backward: where C is a multiple of 128 up to 1024, one pass with the row in
+      registers (16-byte fp32 / 8-byte bf16 accesses) and the weight gradient summed on the fly per 128-row block
+      (rmsnorm_backward_fused_kernel); otherwise v2's kernels (C = 64 and 1792 below)
 
 CPU reference in double from the inputs as the device sees them (a, b, w rounded to floatX; the residual rounded
 to floatX after an fp32 add, exactly as the device does, so it must match bit for bit).
-Validation: N = 1237 rows (not a multiple of 8 or 256), C = 64, 1024, 1792 (tiny, 340m, 1b widths), with and
-without the residual. Tolerances (relative L2): resid exact; out (floatX) 1e-2 in bf16 (one rounding, ~1e-3
+Validation: N = 1237 rows (not a multiple of 8 or 128), C = 64, 384, 1024, 1792 (tiny, a 3-group width, 340m, 1b),
+with and without the residual. Tolerances (relative L2): resid exact; out (floatX) 1e-2 in bf16 (one rounding, ~1e-3
 expected), 1e-5 in fp32; rstd 1e-5; dinp, dw (fp32 sums of C or N terms) 1e-4.
 Timing: N = 32768 rows (16 x 2048 tokens), C = 1024; GB/s counts the minimal traffic.
 
 Build and run (from the repository root):
   make -C dev/cuda rmsnorm rmsnorm_fp32
-  dev/cuda/rmsnorm [1|2] [--no-bench]
+  dev/cuda/rmsnorm [1|2|3] [--no-bench]
 */
 #define TESTING
 #include "../../train_pdn.cu"
 #include "common.h"
 
-#define NVERSIONS 2
+#define NVERSIONS 3
 #ifdef ENABLE_FP32
 static const double TOL_OUT = 1e-5;
 #else
@@ -33,7 +37,7 @@ static const double TOL_OUT = 1e-2;
 #endif
 static const double TOL_RSTD = 1e-5, TOL_GRAD = 1e-4;
 static const float EPS = 1e-6f; // the presets' --norm-eps (SPEC §2)
-static const char* VERSION_NAME[3] = {"", "v1 thread/row", "v2 warp/row"};
+static const char* VERSION_NAME[4] = {"", "v1 thread/row", "v2 warp/row", "v3 fused 1-pass"};
 
 // ----------------------------------------------------------------------------------------------------
 // v1: naive
@@ -112,6 +116,8 @@ static void rn_backward(RnDev& d, int v, long N, int C, int resid) {
         rmsnorm_backward_naive_kernel<<<cdiv(N, 256), 256, 0, main_stream>>>(d.dinp, d.dout, x, d.w, d.rstd, (int)N, C);
         rmsnorm_dw_naive_kernel<<<cdiv(C, 256), 256, 0, main_stream>>>(d.dw, d.dout, x, d.rstd, (int)N, C);
         cudaCheck(cudaGetLastError());
+    } else if (v == 2) {
+        rmsnorm_backward_rows(d.dinp, d.dw, d.dout, nullptr, x, nullptr, d.w, d.rstd, N, C, nullptr, nullptr);
     } else {
         rmsnorm_backward(d.dinp, d.dw, d.dout, nullptr, x, nullptr, d.w, d.rstd, N, C);
     }
@@ -228,7 +234,7 @@ int main(int argc, char** argv) {
     if (a.validate) {
         printf("\n=== validation: rmsnorm (%s) vs the CPU reference in double; N=1237 ===\n", PRECISION_NAME);
         uint64_t seed = 200;
-        for (int C : {64, 1024, 1792}) {
+        for (int C : {64, 384, 1024, 1792}) {
             for (int resid = 1; resid >= 0; resid--) { validate_case(a.version, C, resid, seed++); }
         }
     }
