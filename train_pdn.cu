@@ -1191,6 +1191,144 @@ __global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __re
     }
 }
 
+// The same two kernels with the row in registers where V is a multiple of 128 (at most 256): each lane owns NPL
+// groups of 4 consecutive columns (16-byte fp32, 8-byte floatX accesses), so a row is read once with all of its loads
+// in flight (the loops above read the fp32 o twice, 4 bytes per lane at a time: ~2.3 TB/s at the 340m shape). The
+// backward's per-warp o_norm sums stay in shared memory (each lane owns its columns), then the warps in fixed order.
+template <int NPL>
+__global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rstd, const float* o, const floatX* w,
+                                              const floatX* gz, int B, int T, int H, int V, int Tp, float eps) {
+    long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (row >= (long)B * T * H) { return; }
+    int h = (int)(row % H);
+    long bt = row / H;
+    int t = (int)(bt % T), b = (int)(bt / T);
+    const float* x = o + (((long)b * H + h) * Tp + t) * V; // (V) of the head-major o
+    float xv[NPL][4], ss = 0.0f;
+    #pragma unroll
+    for (int k = 0; k < NPL; k++) {
+        ldvf<4>(xv[k], x + 4 * (lane + 32 * k));
+        #pragma unroll
+        for (int u = 0; u < 4; u++) { ss += xv[k][u] * xv[k][u]; }
+    }
+    ss = warp_sum(ss);
+    float r = rsqrtf(ss / V + eps);
+    if (lane == 0) { rstd[row] = r; }
+    #pragma unroll
+    for (int k = 0; k < NPL; k++) {
+        int c = 4 * (lane + 32 * k);
+        XV<4> wx = *(const XV<4>*)(w + c), n;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) { n.v[u] = fromf<floatX>(xv[k][u] * r * tof(wx.v[u])); }
+        *(XV<4>*)(on + row * V + c) = n;
+        if (gz) {
+            XV<4> g = *(const XV<4>*)(gz + row * V + c), y;
+            #pragma unroll
+            for (int u = 0; u < 4; u++) { y.v[u] = fromf<floatX>(tof(n.v[u]) * sigmoidf_(tof(g.v[u]))); }
+            *(XV<4>*)(og + row * V + c) = y;
+        }
+    }
+}
+template <int NPL>
+__global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* __restrict__ dgz, float* __restrict__ dgz_f,
+                                               float* __restrict__ partial, const float* __restrict__ dog,
+                                               const float* __restrict__ o, const floatX* __restrict__ on,
+                                               const floatX* __restrict__ w, const floatX* __restrict__ gz,
+                                               const float* __restrict__ rstd, int B, int T, int H, int V, int Tp) {
+    __shared__ float wsum[8][NPL * 128]; // (warp, V) the warps' o_norm gradient sums
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    XV<4> wx[NPL];
+    #pragma unroll
+    for (int k = 0; k < NPL; k++) {
+        wx[k] = *(const XV<4>*)(w + 4 * (lane + 32 * k));
+        *(float4*)&wsum[warp][4 * (lane + 32 * k)] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    long rows = (long)B * T * H, rend = min(rows, (long)(blockIdx.x + 1) * ONORM_ROWS);
+    for (long row = (long)blockIdx.x * ONORM_ROWS + warp; row < rend; row += nw) {
+        int h = (int)(row % H);
+        long bt = row / H;
+        int t = (int)(bt % T), b = (int)(bt / T);
+        long hb = (((long)b * H + h) * Tp + t) * V;
+        float r = rstd[row], dot = 0.0f, dn[NPL][4], ov[NPL][4];
+        #pragma unroll
+        for (int k = 0; k < NPL; k++) {
+            int c = 4 * (lane + 32 * k);
+            ldvf<4>(dn[k], dog + row * V + c);
+            ldvf<4>(ov[k], o + hb + c);
+        }
+        #pragma unroll
+        for (int k = 0; k < NPL; k++) {
+            int c = 4 * (lane + 32 * k);
+            if (gz) {
+                XV<4> g = *(const XV<4>*)(gz + row * V + c), nn = *(const XV<4>*)(on + row * V + c), dzx;
+                float dz[4];
+                #pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float s = sigmoidf_(tof(g.v[u]));
+                    dz[u] = dn[k][u] * tof(nn.v[u]) * s * (1.0f - s);
+                    dzx.v[u] = fromf<floatX>(dz[u]);
+                    dn[k][u] *= s;
+                }
+                *(XV<4>*)(dgz + row * V + c) = dzx;
+                stvf<4>(dgz_f + row * V + c, dz);
+            }
+            #pragma unroll
+            for (int u = 0; u < 4; u++) { dot += dn[k][u] * tof(wx[k].v[u]) * ov[k][u]; }
+        }
+        dot = warp_sum(dot);
+        float kk = r * r * r * dot / V;
+        #pragma unroll
+        for (int k = 0; k < NPL; k++) {
+            int c = 4 * (lane + 32 * k);
+            XV<4> d;
+            float4 s = *(float4*)&wsum[warp][c];
+            float sv[4] = {s.x, s.y, s.z, s.w};
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                d.v[u] = fromf<floatX>(r * dn[k][u] * tof(wx[k].v[u]) - kk * ov[k][u]);
+                sv[u] += dn[k][u] * ov[k][u] * r;
+            }
+            stvf<4>(&wsum[warp][c], sv);
+            *(XV<4>*)(dO + hb + c) = d;
+        }
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < V; j += blockDim.x) {
+        float tsum = 0.0f;
+        for (int q = 0; q < nw; q++) { tsum += wsum[q][j]; }
+        partial[(long)blockIdx.x * V + j] = tsum;
+    }
+}
+// launchers: the vector kernels where V allows (the arena aligns every buffer; V % 128 keeps each row aligned)
+static void onorm_gate_forward(floatX* on, floatX* og, float* rstd, const float* o, const floatX* w, const floatX* gz,
+                               int B, int T, int H, int V, int Tp, float eps) {
+    long rows = (long)B * T * H;
+    bool vec = V % 128 == 0 && V <= 256 && aligned16(on) && aligned16(og) && aligned16(o) && aligned16(w) && (!gz || aligned16(gz));
+    if (vec && V == 128) { onorm_gate_forward_vec_kernel<1><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Tp, eps); }
+    else if (vec) { onorm_gate_forward_vec_kernel<2><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Tp, eps); }
+    else { onorm_gate_forward_kernel<<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Tp, eps); }
+    cudaCheck(cudaGetLastError());
+}
+// dO, dgz (+ dgz_f), and dw += the o_norm weight's gradient
+static void onorm_gate_backward(floatX* dO, floatX* dgz, float* dgz_f, float* dw, const float* dog, const float* o,
+                                const floatX* on, const floatX* w, const floatX* gz, const float* rstd, int B, int T, int H,
+                                int V, int Tp) {
+    int nblk = cdiv((long)B * T * H, ONORM_ROWS);
+    float* partial = colsum_partials(nblk, V);
+    bool vec = V % 128 == 0 && V <= 256 && aligned16(dO) && aligned16(dog) && aligned16(o) && aligned16(w) &&
+               (!gz || (aligned16(gz) && aligned16(on) && aligned16(dgz) && aligned16(dgz_f)));
+    if (vec && V == 128) {
+        onorm_gate_backward_vec_kernel<1><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, on, w, gz, rstd, B, T, H, V, Tp);
+    } else if (vec) {
+        onorm_gate_backward_vec_kernel<2><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, on, w, gz, rstd, B, T, H, V, Tp);
+    } else {
+        onorm_gate_backward_kernel<<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, on, w, gz, rstd, B, T, H, V, Tp);
+    }
+    cudaCheck(cudaGetLastError());
+    colsum_finish(dw, nblk, V);
+}
+
 // SwiGLU (SPEC §2): out = silu(gate) * up. A thread per XVEC elements (16-byte accesses; the arena aligns every
 // buffer, the launchers check it), the last thread takes a partial vector one element at a time.
 __global__ void swiglu_forward_kernel(floatX* out, const floatX* gate, const floatX* up, long n) {
@@ -4025,9 +4163,7 @@ static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
             matmul_forward(la.g1, la.ln1, PP(T_WG1, l), nullptr, (int)N, d, V);
             matmul_forward(la.gz, la.g1, PP(T_WG2, l), PP(T_BG2, l), (int)N, V, HV);
         }
-        onorm_gate_forward_kernel<<<cdiv(N * H, 8), 256, 0, main_stream>>>(la.on, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l),
-                                                                           c->out_gate ? la.gz : nullptr, B, T, H, V, Tp, eps);
-        cudaCheck(cudaGetLastError());
+        onorm_gate_forward(la.on, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr, B, T, H, V, Tp, eps);
         matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d);
         rmsnorm_forward(la.h, la.ln2, la.ln2_rstd, x, a->ymix, PP(T_MLP_NORM, l), N, d, eps); }
         PROF("fwd.mlp");
@@ -4086,14 +4222,8 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         // mixer: h = x + W_o og
         { PROF("bwd.o+onorm+gate");
         matmul_backward(g.dog, DINP_SET, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
-        {
-            int nblk = cdiv(N * H, ONORM_ROWS);
-            onorm_gate_backward_kernel<<<nblk, 256, 0, main_stream>>>(g.dO_x, g.dgz_x, g.dgz_f, colsum_partials(nblk, V), g.dog,
-                                                                     la.mx.O, la.on, PP(T_O_NORM, l),
-                                                                     c->out_gate ? la.gz : nullptr, la.o_rstd, B, T, H, V, Tp);
-            cudaCheck(cudaGetLastError());
-            colsum_finish(GG(T_O_NORM, l), nblk, V);
-        }
+        onorm_gate_backward(g.dO_x, g.dgz_x, g.dgz_f, GG(T_O_NORM, l), g.dog, la.mx.O, la.on, PP(T_O_NORM, l),
+                            c->out_gate ? la.gz : nullptr, la.o_rstd, B, T, H, V, Tp);
         if (c->out_gate) {
             colsum_add(GG(T_BG2, l), g.dgz_f, N, HV);
             matmul_backward(din(T_WG1), DINP_SETX, GG(T_WG2, l), g.dgz_x, la.g1, PP(T_WG2, l), (int)N, V, HV, 0, ldi);
