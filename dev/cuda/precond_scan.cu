@@ -12,6 +12,11 @@ Versions:
   v2  the trainer's chunk-parallel three passes: precond_local_kernel (every chunk from zero), precond_carry_kernel
       (chunk-start values across chunks), precond_fix_kernel (adds the carried part, forms k̃); backward
       precond_local_bwd_kernel, precond_carry_bwd_kernel, precond_fix_bwd_kernel, precond_dc_kernel
+  v3  v2's passes without per-token scratch: pass 1 keeps only the chunk's end (forward) or first-row (backward)
+      values, pass 3 runs the chunk's recurrence again from the carried value (the forward no longer writes and
+      re-reads loc; the backward no longer writes and re-reads abl, and dk is updated once, in pass 3): 10 instead of
+      18 bytes per element forward, 28 instead of 40 backward. WRITTEN 2026-12-01 AFTER THE DEVICE TIME RAN OUT:
+      compiled, not yet run on a GPU; not in the trainer
 
 CPU reference: precond_diag_forward / precond_diag_backward of train_pdn.c, in double, from the inputs as the device
 sees them (k̂ and log_atk_scale rounded to floatX).
@@ -24,33 +29,32 @@ so v1 has only 8 blocks).
 
 Build and run (from the repository root):
   make -C dev/cuda precond_scan precond_scan_fp32
-  dev/cuda/precond_scan [1|2] [--no-bench]
+  dev/cuda/precond_scan [1|2|3] [--no-bench]
 */
 #define TESTING
 #include "../../train_pdn.cu"
 #include "common.h"
 
-#define NVERSIONS 2
+#define NVERSIONS 3
 static const double TOL_F32 = 1e-4;
 #ifdef ENABLE_FP32
 static const double TOL_KT = 1e-4;
 #else
 static const double TOL_KT = 1e-2;
 #endif
-static const char* VERSION_NAME[3] = {"", "v1 sequential", "v2 chunked"};
+static const char* VERSION_NAME[4] = {"", "v1 sequential", "v2 chunked", "v3 recompute"};
 static const int CHUNK = 64;
 static const float PC_X = 1.5f, PC_EPS = 1e-6f;
 
 // ----------------------------------------------------------------------------------------------------
 // v1: one thread per channel, sequential over the whole sequence
 
-__global__ void precond_forward_seq_kernel(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
-                                           const floatX* log_atk_scale, int H, int Tp, int K, float lnx, float eps) {
-    int bh = blockIdx.x, j = threadIdx.x;
-    if (j >= K) { return; }
-    float a = 0.0f, c = tof(log_atk_scale[bh % H]);
-    for (int t = 0; t < Tp; t++) {
-        long row = (long)bh * Tp + t;
+// the statistic's recurrence over rows r0 .. r0+n-1 of channel j from a (the value before r0): astat, k̃
+__device__ __forceinline__ void precond_forward_rows(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
+                                                     float a, float c, long r0, int n, int j, int K, float lnx, float eps) {
+    #pragma unroll 4
+    for (int i = 0; i < n; i++) {
+        long row = r0 + i;
         float kj = tof(k[row * K + j]);
         a = expf(gp[row]) * a + bp[row] * kj * kj;
         float r = logf(a + eps) - c;
@@ -58,6 +62,12 @@ __global__ void precond_forward_seq_kernel(floatX* kt, float* astat, const float
         astat[row * K + j] = a;
         kt[row * K + j] = fromf<floatX>(expf(-lnx * s) * kj);
     }
+}
+__global__ void precond_forward_seq_kernel(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
+                                           const floatX* log_atk_scale, int H, int Tp, int K, float lnx, float eps) {
+    int bh = blockIdx.x, j = threadIdx.x;
+    if (j >= K) { return; }
+    precond_forward_rows(kt, astat, k, gp, bp, 0.0f, tof(log_atk_scale[bh % H]), (long)bh * Tp, Tp, j, K, lnx, eps);
 }
 
 // blockDim.x: K rounded up to a multiple of 32 (block_sum). dk +=; dgp, dbp =; dcs[bh] = Σ -dr (then precond_dc_kernel)
@@ -94,6 +104,155 @@ __global__ void precond_backward_seq_kernel(float* dk, float* dgp, float* dbp, f
 }
 
 // ----------------------------------------------------------------------------------------------------
+// v3: v2's three passes without the per-token scratch. Pass 1 keeps only each chunk's end values (forward) or its
+// first-row value (backward); pass 3 runs the chunk's recurrence again from the carried value instead of adding a
+// stored local scan: the forward stops writing and re-reading loc (8 of 18 bytes per element), the backward stops
+// writing and re-reading abl and moves the direct dk term into pass 3, so dk is read-modified-written once (28 of 40
+// bytes). Pass 3 computes exactly the sequential recurrence (as the CPU reference does); GPc is no longer needed.
+
+// forward pass 1: cend (nq, K) = the chunk's scan from zero at its last row, cdec (nq) = exp(Σ gP over the chunk)
+__global__ void precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k,
+                                   const float* __restrict__ gp, const float* __restrict__ bp, int C, int K) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    if (j >= K) { return; }
+    float a = 0.0f, G = 0.0f;
+    #pragma unroll 8
+    for (int i = 0; i < C; i++) {
+        long row = r0 + i;
+        float kj = tof(k[row * K + j]), g = gp[row];
+        a = expf(g) * a + bp[row] * kj * kj;
+        G += g;
+    }
+    cend[q * K + j] = a;
+    if (j == 0) { cdec[q] = expf(G); }
+}
+// forward pass 3: from the chunk-start value carry, the recurrence again: astat (hm fp32), k̃ (hm floatX)
+__global__ void precond_fix_v3_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ carry,
+                                      const floatX* __restrict__ k, const float* __restrict__ gp, const float* __restrict__ bp,
+                                      const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                      float eps) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    if (j >= K) { return; }
+    precond_forward_rows(kt, astat, k, gp, bp, carry[q * K + j], tof(log_atk_scale[(q / NC) % H]), r0, C, j, K, lnx, eps);
+}
+// the write key's local terms at one (token, channel): m = exp(-ln(x) s(r)) (k̃ = m k̂) and dr = dL/dr from g = dL/dk̃
+__device__ __forceinline__ float precond_key_terms(float a, float kj, float g, float c, float lnx, float eps, float* m) {
+    float r = logf(a + eps) - c;
+    float sq = r / (1.0f + fabsf(r));
+    *m = expf(-lnx * sq);
+    return g * kj * -lnx * *m / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
+}
+// backward pass 1 (reverse, from zero at the chunk end): cfirst (nq, K) = the local abar at the chunk's first row;
+// dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order); cdl (nq) = exp(Σ gP over the
+// chunk's rows after the first): the decay from its first row to its end
+__global__ void precond_first_bwd_kernel(float* __restrict__ cfirst, float* __restrict__ dcp, float* __restrict__ cdl,
+                                         const float* __restrict__ dkt, const floatX* __restrict__ k,
+                                         const float* __restrict__ gp, const float* __restrict__ astat,
+                                         const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                         float eps) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    float acc = 0.0f, dcs = 0.0f, G1 = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
+    if (j < K) {
+        #pragma unroll 4
+        for (int i = C - 1; i >= 0; i--) {
+            long row = r0 + i;
+            float kj = tof(k[row * K + j]), a = astat[row * K + j], m;
+            float dr = precond_key_terms(a, kj, dkt[row * K + j], c, lnx, eps, &m);
+            dcs -= dr;
+            float dn = 0.0f;
+            if (i + 1 < C) { float gn = gp[row + 1]; dn = expf(gn); G1 += gn; }
+            acc = dr / (a + eps) + dn * acc;
+        }
+        cfirst[q * K + j] = acc;
+    }
+    float tot = block_sum(j < K ? dcs : 0.0f);
+    if (threadIdx.x == 0) { dcp[q] = tot; cdl[q] = expf(G1); }
+}
+// backward pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse
+__global__ void precond_carry_bwd_v3_kernel(float* incoming, const float* cfirst, const float* cdl, const float* gp, int NC,
+                                            int C, int K) {
+    int bh = blockIdx.x, j = threadIdx.x;
+    if (j >= K) { return; }
+    float in = 0.0f;
+    for (int c = NC - 1; c >= 0; c--) {
+        long q = (long)bh * NC + c;
+        incoming[q * K + j] = in;
+        in = expf(gp[q * C]) * (cfirst[q * K + j] + cdl[q] * in);
+    }
+}
+// backward pass 3 (reverse, from incoming): abar_t = dr_t / (a_t + eps) + d_{t+1} abar_{t+1};
+// dk += g m + 2 betaP k abar; per token dgP = Σ_j abar a_{t-1} d_t, dbetaP = Σ_j abar k² (warp sums, then the warps
+// in order)
+__global__ void precond_fix_bwd_v3_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
+                                          const float* __restrict__ incoming, const float* __restrict__ dkt,
+                                          const floatX* __restrict__ k, const float* __restrict__ gp,
+                                          const float* __restrict__ bp, const float* __restrict__ astat,
+                                          const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                          float eps) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
+    int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
+    bool on = j < K;
+    float c = tof(log_atk_scale[(q / NC) % H]);
+    float nxt = on ? incoming[q * K + j] : 0.0f;                    // d_{t+1} abar_{t+1} for the chunk's last row
+    float a = on ? astat[(r0 + C - 1) * K + j] : 0.0f;              // a_t, walking backwards: a_{t-1} is the next a
+    #pragma unroll 4
+    for (int i = C - 1; i >= 0; i--) {
+        long row = r0 + i;
+        float sg = 0.0f, sb = 0.0f;
+        if (on) {
+            float kj = tof(k[row * K + j]), g = dkt[row * K + j];
+            float aprev = (i > 0 || q % NC != 0) ? astat[(row - 1) * K + j] : 0.0f;
+            float m, dr = precond_key_terms(a, kj, g, c, lnx, eps, &m);
+            float ab = dr / (a + eps) + nxt, d = expf(gp[row]);
+            sg = ab * aprev * d;
+            sb = ab * kj * kj;
+            dk[row * K + j] += g * m + 2.0f * bp[row] * kj * ab;
+            nxt = d * ab;
+            a = aprev;
+        }
+        sg = warp_sum(sg);
+        sb = warp_sum(sb);
+        if (lane == 0) { part[0][i][warp] = sg; part[1][i][warp] = sb; }
+    }
+    __syncthreads();
+    for (int i = j; i < C; i += blockDim.x) {
+        float tg = 0.0f, tb = 0.0f;
+        for (int w = 0; w < nw; w++) { tg += part[0][i][w]; tb += part[1][i][w]; }
+        dgp[r0 + i] = tg;
+        dbp[r0 + i] = tb;
+    }
+}
+// the launch sequences, with the arguments of the trainer's precond_diag_forward / _backward; scratch: ca, cb (nq, K),
+// cc (nq) as there, and (nq) more for cdl (here the first nq floats of loc, which v3 does not otherwise use)
+static void precond_diag_forward_v3(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
+                                    const floatX* log_atk_scale, const float* a0, float* a_final, int B, int H, int NC,
+                                    int C, int K, float x, float eps) {
+    int nq = B * H * NC;
+    precond_end_kernel<<<nq, K, 0, main_stream>>>(pb.ca, pb.cc, k, gp, bp, C, K);
+    precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, a0, a_final, NC, K);
+    precond_fix_v3_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.cb, k, gp, bp, log_atk_scale, H, NC, C, K, logf(x), eps);
+    cudaCheck(cudaGetLastError());
+}
+static void precond_diag_backward_v3(float* dk, float* dgp, float* dbp, float* dlas, const PrecondBufs& pb, const float* dkt,
+                                     const floatX* k, const float* gp, const float* bp, const floatX* log_atk_scale, int B,
+                                     int H, int NC, int C, int K, float x, float eps) {
+    int nq = B * H * NC, kthreads = std::max(32, (K + 31) / 32 * 32);
+    float* cdl = pb.loc;
+    precond_first_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(pb.ca, pb.cc, cdl, dkt, k, gp, pb.astat, log_atk_scale, H, NC,
+                                                               C, K, logf(x), eps);
+    precond_carry_bwd_v3_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, cdl, gp, NC, C, K);
+    precond_fix_bwd_v3_kernel<<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, pb.cb, dkt, k, gp, bp, pb.astat, log_atk_scale,
+                                                                H, NC, C, K, logf(x), eps);
+    precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(dlas, pb.cc, B, H, NC);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------
 // buffers and the two versions' launch sequences
 
 struct PcDev {
@@ -124,8 +283,10 @@ static void pc_forward(PcDev& d, int v) {
         precond_forward_seq_kernel<<<s.B * s.H, s.K, 0, main_stream>>>(d.kt, d.pb.astat, d.k, d.gp, d.bp, d.las, s.H, s.Tp,
                                                                        s.K, logf(PC_X), PC_EPS);
         cudaCheck(cudaGetLastError());
-    } else {
+    } else if (v == 2) {
         lab_precond_diag_forward(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
+    } else {
+        precond_diag_forward_v3(d.kt, d.pb, d.k, d.gp, d.bp, d.las, nullptr, nullptr, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
     }
 }
 static void pc_backward(PcDev& d, int v) {
@@ -136,8 +297,11 @@ static void pc_backward(PcDev& d, int v) {
                                                                              d.pb.astat, d.las, s.H, s.Tp, s.K, logf(PC_X), PC_EPS);
         precond_dc_kernel<<<1, 32 * cdiv(s.H, 32), 0, main_stream>>>(d.dlas, d.dcs, s.B, s.H, 1);
         cudaCheck(cudaGetLastError());
-    } else {
+    } else if (v == 2) {
         lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
+    } else {
+        precond_diag_backward_v3(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K,
+                                 PC_X, PC_EPS);
     }
 }
 
