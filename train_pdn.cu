@@ -499,12 +499,11 @@ static void rmsnorm_backward_rows(float* dinp, float* dw, const float* dout_f, c
     colsum_finish(dw, nch, C);
 }
 
-
 // The same backward in one pass for the trainer's combination (dy fp32, x floatX) when C is a multiple of 128 up to
 // 1024: a warp per row with the row in registers (lane owns NPL groups of 4 columns: 16-byte fp32 and 8-byte bf16
-// accesses), and the weight gradient summed on the fly: each warp over its RMS_RPW rows in registers, then the 8 warps
-// in a fixed order into one partial row per block (the two-kernel version re-read dy and x for it). The per-warp sums
-// live in shared memory (each lane owns its columns): in registers they spilled at C = 1024.
+// accesses), and the weight gradient summed on the fly (the two-kernel version re-read dy and x for it): each warp
+// over its RMS_RPW rows into its own row of shared memory (each lane owns its columns; in registers the sums spilled
+// at C = 1024), then the 8 warps in a fixed order into one partial row per block.
 #define RMS_RPW 16
 template <int NPL>
 __global__ void __launch_bounds__(256, 2) rmsnorm_backward_fused_kernel(float* __restrict__ partial, float* __restrict__ dinp,
