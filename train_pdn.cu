@@ -1558,33 +1558,46 @@ static void adam_bias_corrections(const TrainConfig* tc, long step, float* bc1, 
 
 // 3a. diagonal preconditioner (SPEC §3.6). The statistic is a linear recurrence per key channel,
 // a_t = d_t a_{t-1} + u_t with d_t = exp(gP_t), u_t = betaP_t k̂_t², computed chunk-parallel in three passes:
-// (1) every chunk scans from zero (all chunks at once), (2) one short sequential pass carries the chunk-start values
-// across the NC chunk boundaries, (3) every token adds exp(GP_t) * carry (GP = cumsum of gP inside the chunk, <= 0) and
-// forms the write key k̃ = exp(-ln(x) s(r)) k̂. One thread per channel, one block per chunk (or per head in pass 2).
-// Rows are head-major padded (B, H, Tp); padded rows have k̂ = 0, gP = 0: they change nothing.
+// (1) every chunk scans from zero (all chunks at once) and keeps only its end value, (2) one short sequential pass
+// carries the chunk-start values across the NC chunk boundaries, (3) every chunk runs its recurrence again from its
+// carried start value and forms the write key k̃ = exp(-ln(x) s(r)) k̂. The backward is the reverse recurrence in the
+// same three passes. No per-token scratch: pass 3 recomputes instead of reading a stored local scan (10 bytes per
+// element forward, 28 backward; the version that stored it is v2 of dev/cuda/precond_scan.cu). One thread per
+// channel, one block per chunk (or per head in pass 2). Rows are head-major padded (B, H, Tp); padded rows have
+// k̂ = 0, gP = 0: they change nothing.
 
-// pass 1: loc (hm fp32, the chunk-local scan), GPc (rows: cumsum of gP in the chunk), cend (nq, K): loc at the chunk
-// end, cdec (nq): exp(Σ gP over the chunk)
-__global__ void precond_local_kernel(float* __restrict__ loc, float* __restrict__ GPc, float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k, const float* __restrict__ gp,
-                                     const float* __restrict__ bp, int C, int K) {
+// the statistic's recurrence over rows r0 .. r0+n-1 of channel j from a (the value before r0): astat, k̃
+__device__ __forceinline__ void precond_forward_rows(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
+                                                     float a, float c, long r0, int n, int j, int K, float lnx, float eps) {
+    #pragma unroll 4
+    for (int i = 0; i < n; i++) {
+        long row = r0 + i;
+        float kj = tof(k[row * K + j]);
+        a = expf(gp[row]) * a + bp[row] * kj * kj;
+        float r = logf(a + eps) - c;
+        float s = r / (1.0f + fabsf(r));
+        astat[row * K + j] = a;
+        kt[row * K + j] = fromf<floatX>(expf(-lnx * s) * kj);
+    }
+}
+// forward pass 1: cend (nq, K) = the chunk's scan from zero at its last row, cdec (nq) = exp(Σ gP over the chunk)
+__global__ void precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k,
+                                   const float* __restrict__ gp, const float* __restrict__ bp, int C, int K) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     if (j >= K) { return; }
     float a = 0.0f, G = 0.0f;
-    #pragma unroll 4
+    #pragma unroll 8
     for (int i = 0; i < C; i++) {
         long row = r0 + i;
         float kj = tof(k[row * K + j]), g = gp[row];
         a = expf(g) * a + bp[row] * kj * kj;
         G += g;
-        loc[row * K + j] = a;
-        if (j == 0) { GPc[row] = G; }
     }
     cend[q * K + j] = a;
     if (j == 0) { cdec[q] = expf(G); }
 }
-
-// pass 2: carry[q] = a at the start of chunk q (from a0 or 0); a_final optional (may equal a0)
+// forward pass 2: carry[q] = a at the start of chunk q (from a0 or 0); a_final optional (may equal a0)
 __global__ void precond_carry_kernel(float* carry, const float* cend, const float* cdec, const float* a0, float* a_final,
                                      int NC, int K) {
     int bh = blockIdx.x, j = threadIdx.x;
@@ -1598,89 +1611,93 @@ __global__ void precond_carry_kernel(float* carry, const float* cend, const floa
     if (a_final) { a_final[(long)bh * K + j] = a; }
 }
 
-// pass 3: astat (hm fp32) = loc + exp(GPc) carry; k̃ (hm floatX)
-__global__ void precond_fix_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ loc, const float* __restrict__ GPc, const float* __restrict__ carry,
-                                   const floatX* __restrict__ k, const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx, float eps) {
+// forward pass 3: from the chunk-start value carry, the recurrence again: astat (hm fp32), k̃ (hm floatX)
+__global__ void precond_fix_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ carry,
+                                      const floatX* __restrict__ k, const float* __restrict__ gp, const float* __restrict__ bp,
+                                      const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                      float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     if (j >= K) { return; }
-    float cj = carry[q * K + j], c = tof(log_atk_scale[(q / NC) % H]);
-    #pragma unroll 4
-    for (int i = 0; i < C; i++) {
-        long row = r0 + i;
-        float a = loc[row * K + j] + expf(GPc[row]) * cj;
-        float r = logf(a + eps) - c;
-        float sq = r / (1.0f + fabsf(r));
-        astat[row * K + j] = a;
-        kt[row * K + j] = fromf<floatX>(expf(-lnx * sq) * tof(k[row * K + j]));
-    }
+    precond_forward_rows(kt, astat, k, gp, bp, carry[q * K + j], tof(log_atk_scale[(q / NC) % H]), r0, C, j, K, lnx, eps);
 }
-
-// the backward is the reverse recurrence abar_t = l_t + d_{t+1} abar_{t+1} (abar = dL/da_t) with the local term
-// l_t = dr_t / (a_t + eps) from the write key, again in three passes. pass 1 (per chunk, reverse): dk += g m (the
-// direct path), the local reverse scan abl (hm fp32, from zero at the chunk end), cfirst (nq, K) = abl at the chunk's
-// first row, and dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order)
-__global__ void precond_local_bwd_kernel(float* __restrict__ dk, float* __restrict__ abl, float* __restrict__ cfirst, float* __restrict__ dcp, const float* __restrict__ dkt, const floatX* __restrict__ k,
-                                         const float* __restrict__ gp, const float* __restrict__ astat, const floatX* __restrict__ log_atk_scale, int H, int NC,
-                                         int C, int K, float lnx, float eps) {
+// the write key's local terms at one (token, channel): m = exp(-ln(x) s(r)) (k̃ = m k̂) and dr = dL/dr from g = dL/dk̃
+__device__ __forceinline__ float precond_key_terms(float a, float kj, float g, float c, float lnx, float eps, float* m) {
+    float r = logf(a + eps) - c;
+    float sq = r / (1.0f + fabsf(r));
+    *m = expf(-lnx * sq);
+    return g * kj * -lnx * *m / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
+}
+// backward pass 1 (reverse, from zero at the chunk end): cfirst (nq, K) = the local abar at the chunk's first row;
+// dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order); cdl (nq) = exp(Σ gP over the
+// chunk's rows after the first): the decay from its first row to its end
+__global__ void precond_first_bwd_kernel(float* __restrict__ cfirst, float* __restrict__ dcp, float* __restrict__ cdl,
+                                         const float* __restrict__ dkt, const floatX* __restrict__ k,
+                                         const float* __restrict__ gp, const float* __restrict__ astat,
+                                         const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                         float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
-    float acc = 0.0f, dcs = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
+    float acc = 0.0f, dcs = 0.0f, G1 = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
     if (j < K) {
         #pragma unroll 4
         for (int i = C - 1; i >= 0; i--) {
             long row = r0 + i;
-            float kj = tof(k[row * K + j]), a = astat[row * K + j], g = dkt[row * K + j];
-            float r = logf(a + eps) - c;
-            float sq = r / (1.0f + fabsf(r));
-            float m = expf(-lnx * sq);
-            float dr = g * kj * -lnx * m / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
+            float kj = tof(k[row * K + j]), a = astat[row * K + j], m;
+            float dr = precond_key_terms(a, kj, dkt[row * K + j], c, lnx, eps, &m);
             dcs -= dr;
-            dk[row * K + j] += g * m;
-            acc = dr / (a + eps) + (i + 1 < C ? expf(gp[row + 1]) : 0.0f) * acc;
-            abl[row * K + j] = acc;
+            float dn = 0.0f;
+            if (i + 1 < C) { float gn = gp[row + 1]; dn = expf(gn); G1 += gn; }
+            acc = dr / (a + eps) + dn * acc;
         }
         cfirst[q * K + j] = acc;
     }
     float tot = block_sum(j < K ? dcs : 0.0f);
-    if (threadIdx.x == 0) { dcp[q] = tot; }
+    if (threadIdx.x == 0) { dcp[q] = tot; cdl[q] = expf(G1); }
 }
-
-// pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse
-__global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, const float* GPc, const float* gp, int NC, int C, int K) {
+// backward pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse
+__global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, const float* cdl, const float* gp, int NC,
+                                            int C, int K) {
     int bh = blockIdx.x, j = threadIdx.x;
     if (j >= K) { return; }
     float in = 0.0f;
     for (int c = NC - 1; c >= 0; c--) {
-        long q = (long)bh * NC + c, r0 = q * C;
+        long q = (long)bh * NC + c;
         incoming[q * K + j] = in;
-        // abar at this chunk's first row = local + (Π of the chunk's later decays) * incoming
-        float first = cfirst[q * K + j] + expf(GPc[r0 + C - 1] - GPc[r0]) * in;
-        in = expf(gp[r0]) * first;
+        in = expf(gp[q * C]) * (cfirst[q * K + j] + cdl[q] * in);
     }
 }
-
-// pass 3: abar_t = abl_t + exp(GPc_last - GPc_t) incoming; dk += 2 betaP k abar; per token, dgP = Σ_j abar a_{t-1} d_t
-// and dbetaP = Σ_j abar k² (block sums in channel order; K threads, K a multiple of 32)
-__global__ void precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp, const float* __restrict__ abl, const float* __restrict__ incoming,
-                                       const float* __restrict__ GPc, const float* __restrict__ gp, const float* __restrict__ bp, const float* __restrict__ astat, const floatX* __restrict__ k,
-                                       int NC, int C, int K) {
+// backward pass 3 (reverse, from incoming): abar_t = dr_t / (a_t + eps) + d_{t+1} abar_{t+1};
+// dk += g m + 2 betaP k abar; per token dgP = Σ_j abar a_{t-1} d_t, dbetaP = Σ_j abar k² (warp sums, then the warps
+// in order)
+__global__ void precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
+                                          const float* __restrict__ incoming, const float* __restrict__ dkt,
+                                          const floatX* __restrict__ k, const float* __restrict__ gp,
+                                          const float* __restrict__ bp, const float* __restrict__ astat,
+                                          const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                          float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
     int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
-    float in = j < K ? incoming[q * K + j] : 0.0f, glast = GPc[r0 + C - 1];
+    bool on = j < K;
+    float c = tof(log_atk_scale[(q / NC) % H]);
+    float nxt = on ? incoming[q * K + j] : 0.0f;                    // d_{t+1} abar_{t+1} for the chunk's last row
+    float a = on ? astat[(r0 + C - 1) * K + j] : 0.0f;              // a_t, walking backwards: a_{t-1} is the next a
     #pragma unroll 4
-    for (int i = 0; i < C; i++) {
+    for (int i = C - 1; i >= 0; i--) {
         long row = r0 + i;
         float sg = 0.0f, sb = 0.0f;
-        if (j < K) {
-            float ab = abl[row * K + j] + expf(glast - GPc[row]) * in;
-            float kj = tof(k[row * K + j]);
+        if (on) {
+            float kj = tof(k[row * K + j]), g = dkt[row * K + j];
             float aprev = (i > 0 || q % NC != 0) ? astat[(row - 1) * K + j] : 0.0f;
-            sg = ab * aprev * expf(gp[row]);
+            float m, dr = precond_key_terms(a, kj, g, c, lnx, eps, &m);
+            float ab = dr / (a + eps) + nxt, d = expf(gp[row]);
+            sg = ab * aprev * d;
             sb = ab * kj * kj;
-            dk[row * K + j] += 2.0f * bp[row] * kj * ab;
+            dk[row * K + j] += g * m + 2.0f * bp[row] * kj * ab;
+            nxt = d * ab;
+            a = aprev;
         }
         sg = warp_sum(sg);
         sb = warp_sum(sb);
@@ -1694,7 +1711,6 @@ __global__ void precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict
         dbp[r0 + i] = tb;
     }
 }
-
 // dlog_atk_scale[h] += Σ over (b, chunk) of dcp, in order
 __global__ void precond_dc_kernel(float* dlas, const float* dcp, int B, int H, int NC) {
     int h = threadIdx.x;
@@ -1704,18 +1720,18 @@ __global__ void precond_dc_kernel(float* dlas, const float* dcp, int B, int H, i
     dlas[h] += s;
 }
 
-// the buffers of the three-pass scan: the layer keeps astat (rows, K) and gpc (rows); loc (rows, K), ca, cb (nq, K)
-// and cc (nq) are scratch, reused by the backward
-struct PrecondBufs { float *loc, *ca, *cb, *cc, *astat, *gpc; };
+// the buffers of the three-pass scan: the layer keeps astat (rows, K); ca, cb (nq, K) and cc, cd (nq) are scratch
+// (forward: chunk ends, carries, chunk decays; backward: first-row values, incoming, dlog_atk_scale parts, decays)
+struct PrecondBufs { float *ca, *cb, *cc, *cd, *astat; };
 
 // k̃ (hm floatX) from k̂, gP, betaP (rows); a0 / a_final (B, H, K) optional (generation)
 static void precond_diag_forward(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
                                  const floatX* log_atk_scale, const float* a0, float* a_final, int B, int H, int NC, int C,
                                  int K, float x, float eps) {
     int nq = B * H * NC;
-    precond_local_kernel<<<nq, K, 0, main_stream>>>(pb.loc, pb.gpc, pb.ca, pb.cc, k, gp, bp, C, K);
+    precond_end_kernel<<<nq, K, 0, main_stream>>>(pb.ca, pb.cc, k, gp, bp, C, K);
     precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, a0, a_final, NC, K);
-    precond_fix_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.loc, pb.gpc, pb.cb, k, log_atk_scale, H, NC, C, K, logf(x), eps);
+    precond_fix_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.cb, k, gp, bp, log_atk_scale, H, NC, C, K, logf(x), eps);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1724,12 +1740,17 @@ static void precond_diag_backward(float* dk, float* dgp, float* dbp, float* dlas
                                   const floatX* k, const float* gp, const float* bp, const floatX* log_atk_scale, int B,
                                   int H, int NC, int C, int K, float x, float eps) {
     int nq = B * H * NC, kthreads = std::max(32, (K + 31) / 32 * 32);
-    precond_local_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(dk, pb.loc, pb.ca, pb.cc, dkt, k, gp, pb.astat, log_atk_scale,
-                                                               H, NC, C, K, logf(x), eps);
-    precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.gpc, gp, NC, C, K);
-    precond_fix_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, pb.loc, pb.cb, pb.gpc, gp, bp, pb.astat, k, NC, C, K);
+    precond_first_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(pb.ca, pb.cc, pb.cd, dkt, k, gp, pb.astat, log_atk_scale, H, NC,
+                                                               C, K, logf(x), eps);
+    precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cd, gp, NC, C, K);
+    precond_fix_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, pb.cb, dkt, k, gp, bp, pb.astat, log_atk_scale, H,
+                                                             NC, C, K, logf(x), eps);
     precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(dlas, pb.cc, B, H, NC);
     cudaCheck(cudaGetLastError());
+}
+// the scan's scratch (the layer's astat is added where the layer's tensors are)
+static void precond_scratch_add(Arena& ar, PrecondBufs* pb, long nq, int K) {
+    ar.add(&pb->ca, nq * K); ar.add(&pb->cb, nq * K); ar.add(&pb->cc, nq); ar.add(&pb->cd, nq);
 }
 
 // one Sherman-Morrison step's key, by the whole block: kv = k̂ (row), w = P k̂, returns den = 1 + k̂·w
@@ -3256,7 +3277,7 @@ struct MixerScratch {
     float *dP, *dA, *dZ, *dbetaA;                   // (nq, C, C), dZ = dW Wᵀ + dV' Uᵀ; dbetaA (rows)
     floatX *dPm, *dMm;
     float *dq_s, *dkh_s, *dkt_s;
-    float *pc_loc, *pc_a, *pc_b, *pc_c;             // diagonal preconditioner scan: (rows, K), (nq, K) x 2, (nq)
+    PrecondBufs pc;                                 // diagonal preconditioner scan scratch (astat: the layer's)
 };
 
 static size_t smem_scores_channel(const ChunkShape& s) { return (size_t)(4 * s.C + 3 * SUB) * (s.K + 1) * sizeof(float); }
@@ -3576,7 +3597,7 @@ struct LayerActs {
     float *q_rstd, *k_rstd;                    // (N, H)
     floatX* beta_pre; float* beta;             // (N, H); hm rows
     floatX *f1, *g_pre; float* g;              // (N, V); (N, H*gw); hm (rows, gw)
-    floatX *gp_pre, *bp_pre; float *gp, *betap, *astat, *gpc, *pstate;  // gpc: chunk-local cumsum of gP (rows)
+    floatX *gp_pre, *bp_pre; float *gp, *betap, *astat, *pstate;
     MixerSaved mx;
     floatX* on; float* o_rstd;                 // (N, HV), (N*H)
     floatX *g1, *gz, *og;                      // output gate; og = on without it
@@ -3644,7 +3665,7 @@ static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, 
     memset(sc, 0, sizeof(*sc));
     ar.add(&sc->Mraw, nq * CC); ar.add(&sc->Praw, nq * CC); ar.add(&sc->A, nq * CC);
     ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V);
-    if (diag) { ar.add(&sc->pc_loc, rows * K); ar.add(&sc->pc_a, nq * K); ar.add(&sc->pc_b, nq * K); ar.add(&sc->pc_c, nq); }
+    if (diag) { precond_scratch_add(ar, &sc->pc, nq, (int)K); }
     if (!with_grads) { return; }
     ar.add(&sc->dVloc, rows * V); ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
     ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V); ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
@@ -3683,7 +3704,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         if (gk) { ar.add(&la.g_pre, N * H * gw); ar.add(&la.g, rows * gw); }
         if (diag) {
             ar.add(&la.gp_pre, N * H); ar.add(&la.bp_pre, N * H); ar.add(&la.gp, rows); ar.add(&la.betap, rows);
-            ar.add(&la.astat, rows * K); ar.add(&la.gpc, rows);
+            ar.add(&la.astat, rows * K);
         }
         if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * K * K); }
         mixer_saved_add(ar, &la.mx, a.cs);
@@ -4144,7 +4165,8 @@ static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
         { PROF("fwd.precond");
         if (c->precond == PRECOND_DIAG) {
             float* a0 = rs ? rs->a + lb * H * K : nullptr;
-            PrecondBufs pb{a->sc.pc_loc, a->sc.pc_a, a->sc.pc_b, a->sc.pc_c, la.astat, la.gpc};
+            PrecondBufs pb = a->sc.pc;
+            pb.astat = la.astat;
             precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, B, H, a->NC, m->C, K,
                                  c->squash_x, c->precond_eps);
         } else if (c->precond == PRECOND_EXACT) {
@@ -4232,7 +4254,8 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                              la.kt, la.v, la.beta, c->precond == PRECOND_NONE, a->cs);
         { PROF("bwd.precond");
         if (c->precond == PRECOND_DIAG) {
-            PrecondBufs pb{a->sc.pc_loc, a->sc.pc_a, a->sc.pc_b, a->sc.pc_c, la.astat, la.gpc};
+            PrecondBufs pb = a->sc.pc;
+            pb.astat = la.astat;
             precond_diag_backward(g.dkh, g.dgp, g.dbp, GG(T_LOG_ATK_SCALE, l), pb, g.dkt, la.kn, la.gp, la.betap,
                                   PP(T_LOG_ATK_SCALE, l), B, H, a->NC, m->C, K, c->squash_x, c->precond_eps);
         } else if (c->precond == PRECOND_EXACT) {

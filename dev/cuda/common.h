@@ -240,10 +240,8 @@ static inline double lab_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double lab_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
 // ----------------------------------------------------------------------------------------------------
-// the diagonal preconditioner (SPEC §3.6) exactly as pdn_forward / pdn_backward launch it (train_pdn.cu has no
-// launcher function for it: these two must be kept in step with the trainer by hand). Head-major padded rows.
-// Scratch: loc (rows, K), cend / cfirst (nq, K), carry (nq, K), cdec (nq) — the trainer's pc_loc, pc_a, pc_b, pc_c.
-// the diagonal preconditioner's launchers and buffers are the trainer's: precond_diag_forward / precond_diag_backward
+// the diagonal preconditioner (SPEC §3.6) through the trainer's launchers precond_diag_forward / _backward, with the
+// lab's shape; head-major padded rows; scratch from precond_scratch_add, as the trainer allocates it
 static void lab_precond_diag_forward(floatX* kt, PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
                                      const floatX* log_atk_scale, const ChunkShape& s, float x, float eps) {
     precond_diag_forward(kt, pb, k, gp, bp, log_atk_scale, nullptr, nullptr, s.B, s.H, s.NC, s.C, s.K, x, eps);

@@ -231,8 +231,8 @@ static void delta_dev_alloc(DeltaDev& d, const ChunkShape& s, int precond) {
     mixer_saved_add(ar, &d.sv, s);             // the trainer's own buffer lists
     mixer_scratch_add(ar, &d.sc, s, 1, 0);
     if (precond) {
-        ar.add(&d.pb.loc, rows * K); ar.add(&d.pb.ca, s.nq * K); ar.add(&d.pb.cb, s.nq * K); ar.add(&d.pb.cc, s.nq);
-        ar.add(&d.pb.astat, rows * K); ar.add(&d.pb.gpc, rows);
+        precond_scratch_add(ar, &d.pb, s.nq, K);
+        ar.add(&d.pb.astat, rows * K);
         ar.add(&d.gp, rows); ar.add(&d.bp, rows); ar.add(&d.las, H);
         ar.add(&d.dgp, rows); ar.add(&d.dbp, rows); ar.add(&d.dlas, H);
     }

@@ -9,14 +9,15 @@ Versions:
   v1  one thread per channel, one block per (b, h), sequential over all Tp tokens (written here); the backward sums
       dgP and dbetaP over the channels with a block reduction per token, dlog_atk_scale per (b, h) then over b
       (the trainer's precond_dc_kernel with one "chunk" per sequence)
-  v2  the trainer's chunk-parallel three passes: precond_local_kernel (every chunk from zero), precond_carry_kernel
-      (chunk-start values across chunks), precond_fix_kernel (adds the carried part, forms k̃); backward
-      precond_local_bwd_kernel, precond_carry_bwd_kernel, precond_fix_bwd_kernel, precond_dc_kernel
-  v3  v2's passes without per-token scratch: pass 1 keeps only the chunk's end (forward) or first-row (backward)
-      values, pass 3 runs the chunk's recurrence again from the carried value (the forward no longer writes and
-      re-reads loc; the backward no longer writes and re-reads abl, and dk is updated once, in pass 3): 10 instead of
-      18 bytes per element forward, 28 instead of 40 backward. WRITTEN 2026-12-01 AFTER THE DEVICE TIME RAN OUT:
-      compiled, not yet run on a GPU; not in the trainer
+  v2  the trainer's kernels until 2026-12-01: chunk-parallel three passes (every chunk from zero, storing the
+      local scan loc and GPc; the chunk-start values across chunks; pass 3 adds the carried part and forms k̃);
+      backward likewise with a stored local reverse scan, dk updated in passes 1 and 3. 18 bytes per element forward,
+      40 backward
+  v3  the trainer's kernels (precond_end/carry/fix_kernel, precond_first/carry/fix_bwd_kernel, precond_dc_kernel):
+      the same passes without per-token scratch: pass 1 keeps only the chunk's end (forward) or first-row (backward)
+      values, pass 3 runs the chunk's recurrence again from the carried value, dk is updated once: 10 bytes per
+      element forward, 28 backward. Its algebra was checked by a float64 emulation of the kernels against the
+      sequential recurrence (2026-12-01); NOT YET RUN ON A GPU when it was promoted (branch precond-v3)
 
 CPU reference: precond_diag_forward / precond_diag_backward of train_pdn.c, in double, from the inputs as the device
 sees them (k̂ and log_atk_scale rounded to floatX).
@@ -49,20 +50,6 @@ static const float PC_X = 1.5f, PC_EPS = 1e-6f;
 // ----------------------------------------------------------------------------------------------------
 // v1: one thread per channel, sequential over the whole sequence
 
-// the statistic's recurrence over rows r0 .. r0+n-1 of channel j from a (the value before r0): astat, k̃
-__device__ __forceinline__ void precond_forward_rows(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
-                                                     float a, float c, long r0, int n, int j, int K, float lnx, float eps) {
-    #pragma unroll 4
-    for (int i = 0; i < n; i++) {
-        long row = r0 + i;
-        float kj = tof(k[row * K + j]);
-        a = expf(gp[row]) * a + bp[row] * kj * kj;
-        float r = logf(a + eps) - c;
-        float s = r / (1.0f + fabsf(r));
-        astat[row * K + j] = a;
-        kt[row * K + j] = fromf<floatX>(expf(-lnx * s) * kj);
-    }
-}
 __global__ void precond_forward_seq_kernel(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
                                            const floatX* log_atk_scale, int H, int Tp, int K, float lnx, float eps) {
     int bh = blockIdx.x, j = threadIdx.x;
@@ -104,116 +91,114 @@ __global__ void precond_backward_seq_kernel(float* dk, float* dgp, float* dbp, f
 }
 
 // ----------------------------------------------------------------------------------------------------
-// v3: v2's three passes without the per-token scratch. Pass 1 keeps only each chunk's end values (forward) or its
-// first-row value (backward); pass 3 runs the chunk's recurrence again from the carried value instead of adding a
-// stored local scan: the forward stops writing and re-reading loc (8 of 18 bytes per element), the backward stops
-// writing and re-reading abl and moves the direct dk term into pass 3, so dk is read-modified-written once (28 of 40
-// bytes). Pass 3 computes exactly the sequential recurrence (as the CPU reference does); GPc is no longer needed.
+// v2: the trainer's kernels until 2026-12-01: pass 1 stored the chunk-local scan (loc, and the chunk-local cumsum of
+// gP, GPc) for pass 3 to add the carried part; the backward stored its local reverse scan (abl) the same way and
+// updated dk in passes 1 and 3. Extra buffers: loc (rows, K) and GPc (rows).
 
-// forward pass 1: cend (nq, K) = the chunk's scan from zero at its last row, cdec (nq) = exp(Σ gP over the chunk)
-__global__ void precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k,
-                                   const float* __restrict__ gp, const float* __restrict__ bp, int C, int K) {
+// pass 1: loc (hm fp32, the chunk-local scan), GPc (rows: cumsum of gP in the chunk), cend (nq, K): loc at the chunk
+// end, cdec (nq): exp(Σ gP over the chunk)
+__global__ void precond_local_v2_kernel(float* __restrict__ loc, float* __restrict__ GPc, float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k, const float* __restrict__ gp,
+                                     const float* __restrict__ bp, int C, int K) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     if (j >= K) { return; }
     float a = 0.0f, G = 0.0f;
-    #pragma unroll 8
+    #pragma unroll 4
     for (int i = 0; i < C; i++) {
         long row = r0 + i;
         float kj = tof(k[row * K + j]), g = gp[row];
         a = expf(g) * a + bp[row] * kj * kj;
         G += g;
+        loc[row * K + j] = a;
+        if (j == 0) { GPc[row] = G; }
     }
     cend[q * K + j] = a;
     if (j == 0) { cdec[q] = expf(G); }
 }
-// forward pass 3: from the chunk-start value carry, the recurrence again: astat (hm fp32), k̃ (hm floatX)
-__global__ void precond_fix_v3_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ carry,
-                                      const floatX* __restrict__ k, const float* __restrict__ gp, const float* __restrict__ bp,
-                                      const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
-                                      float eps) {
+
+// pass 3: astat (hm fp32) = loc + exp(GPc) carry; k̃ (hm floatX)
+__global__ void precond_fix_v2_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ loc, const float* __restrict__ GPc, const float* __restrict__ carry,
+                                   const floatX* __restrict__ k, const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx, float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     if (j >= K) { return; }
-    precond_forward_rows(kt, astat, k, gp, bp, carry[q * K + j], tof(log_atk_scale[(q / NC) % H]), r0, C, j, K, lnx, eps);
+    float cj = carry[q * K + j], c = tof(log_atk_scale[(q / NC) % H]);
+    #pragma unroll 4
+    for (int i = 0; i < C; i++) {
+        long row = r0 + i;
+        float a = loc[row * K + j] + expf(GPc[row]) * cj;
+        float r = logf(a + eps) - c;
+        float sq = r / (1.0f + fabsf(r));
+        astat[row * K + j] = a;
+        kt[row * K + j] = fromf<floatX>(expf(-lnx * sq) * tof(k[row * K + j]));
+    }
 }
-// the write key's local terms at one (token, channel): m = exp(-ln(x) s(r)) (k̃ = m k̂) and dr = dL/dr from g = dL/dk̃
-__device__ __forceinline__ float precond_key_terms(float a, float kj, float g, float c, float lnx, float eps, float* m) {
-    float r = logf(a + eps) - c;
-    float sq = r / (1.0f + fabsf(r));
-    *m = expf(-lnx * sq);
-    return g * kj * -lnx * *m / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
-}
-// backward pass 1 (reverse, from zero at the chunk end): cfirst (nq, K) = the local abar at the chunk's first row;
-// dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order); cdl (nq) = exp(Σ gP over the
-// chunk's rows after the first): the decay from its first row to its end
-__global__ void precond_first_bwd_kernel(float* __restrict__ cfirst, float* __restrict__ dcp, float* __restrict__ cdl,
-                                         const float* __restrict__ dkt, const floatX* __restrict__ k,
-                                         const float* __restrict__ gp, const float* __restrict__ astat,
-                                         const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
-                                         float eps) {
+
+// the backward is the reverse recurrence abar_t = l_t + d_{t+1} abar_{t+1} (abar = dL/da_t) with the local term
+// l_t = dr_t / (a_t + eps) from the write key, again in three passes. pass 1 (per chunk, reverse): dk += g m (the
+// direct path), the local reverse scan abl (hm fp32, from zero at the chunk end), cfirst (nq, K) = abl at the chunk's
+// first row, and dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order)
+__global__ void precond_local_bwd_v2_kernel(float* __restrict__ dk, float* __restrict__ abl, float* __restrict__ cfirst, float* __restrict__ dcp, const float* __restrict__ dkt, const floatX* __restrict__ k,
+                                         const float* __restrict__ gp, const float* __restrict__ astat, const floatX* __restrict__ log_atk_scale, int H, int NC,
+                                         int C, int K, float lnx, float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
-    float acc = 0.0f, dcs = 0.0f, G1 = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
+    float acc = 0.0f, dcs = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
     if (j < K) {
         #pragma unroll 4
         for (int i = C - 1; i >= 0; i--) {
             long row = r0 + i;
-            float kj = tof(k[row * K + j]), a = astat[row * K + j], m;
-            float dr = precond_key_terms(a, kj, dkt[row * K + j], c, lnx, eps, &m);
+            float kj = tof(k[row * K + j]), a = astat[row * K + j], g = dkt[row * K + j];
+            float r = logf(a + eps) - c;
+            float sq = r / (1.0f + fabsf(r));
+            float m = expf(-lnx * sq);
+            float dr = g * kj * -lnx * m / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
             dcs -= dr;
-            float dn = 0.0f;
-            if (i + 1 < C) { float gn = gp[row + 1]; dn = expf(gn); G1 += gn; }
-            acc = dr / (a + eps) + dn * acc;
+            dk[row * K + j] += g * m;
+            acc = dr / (a + eps) + (i + 1 < C ? expf(gp[row + 1]) : 0.0f) * acc;
+            abl[row * K + j] = acc;
         }
         cfirst[q * K + j] = acc;
     }
     float tot = block_sum(j < K ? dcs : 0.0f);
-    if (threadIdx.x == 0) { dcp[q] = tot; cdl[q] = expf(G1); }
+    if (threadIdx.x == 0) { dcp[q] = tot; }
 }
-// backward pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse
-__global__ void precond_carry_bwd_v3_kernel(float* incoming, const float* cfirst, const float* cdl, const float* gp, int NC,
-                                            int C, int K) {
+
+// pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse
+__global__ void precond_carry_bwd_v2_kernel(float* incoming, const float* cfirst, const float* GPc, const float* gp, int NC, int C, int K) {
     int bh = blockIdx.x, j = threadIdx.x;
     if (j >= K) { return; }
     float in = 0.0f;
     for (int c = NC - 1; c >= 0; c--) {
-        long q = (long)bh * NC + c;
+        long q = (long)bh * NC + c, r0 = q * C;
         incoming[q * K + j] = in;
-        in = expf(gp[q * C]) * (cfirst[q * K + j] + cdl[q] * in);
+        // abar at this chunk's first row = local + (Π of the chunk's later decays) * incoming
+        float first = cfirst[q * K + j] + expf(GPc[r0 + C - 1] - GPc[r0]) * in;
+        in = expf(gp[r0]) * first;
     }
 }
-// backward pass 3 (reverse, from incoming): abar_t = dr_t / (a_t + eps) + d_{t+1} abar_{t+1};
-// dk += g m + 2 betaP k abar; per token dgP = Σ_j abar a_{t-1} d_t, dbetaP = Σ_j abar k² (warp sums, then the warps
-// in order)
-__global__ void precond_fix_bwd_v3_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
-                                          const float* __restrict__ incoming, const float* __restrict__ dkt,
-                                          const floatX* __restrict__ k, const float* __restrict__ gp,
-                                          const float* __restrict__ bp, const float* __restrict__ astat,
-                                          const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
-                                          float eps) {
+
+// pass 3: abar_t = abl_t + exp(GPc_last - GPc_t) incoming; dk += 2 betaP k abar; per token, dgP = Σ_j abar a_{t-1} d_t
+// and dbetaP = Σ_j abar k² (block sums in channel order; K threads, K a multiple of 32)
+__global__ void precond_fix_bwd_v2_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp, const float* __restrict__ abl, const float* __restrict__ incoming,
+                                       const float* __restrict__ GPc, const float* __restrict__ gp, const float* __restrict__ bp, const float* __restrict__ astat, const floatX* __restrict__ k,
+                                       int NC, int C, int K) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
     int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
-    bool on = j < K;
-    float c = tof(log_atk_scale[(q / NC) % H]);
-    float nxt = on ? incoming[q * K + j] : 0.0f;                    // d_{t+1} abar_{t+1} for the chunk's last row
-    float a = on ? astat[(r0 + C - 1) * K + j] : 0.0f;              // a_t, walking backwards: a_{t-1} is the next a
+    float in = j < K ? incoming[q * K + j] : 0.0f, glast = GPc[r0 + C - 1];
     #pragma unroll 4
-    for (int i = C - 1; i >= 0; i--) {
+    for (int i = 0; i < C; i++) {
         long row = r0 + i;
         float sg = 0.0f, sb = 0.0f;
-        if (on) {
-            float kj = tof(k[row * K + j]), g = dkt[row * K + j];
+        if (j < K) {
+            float ab = abl[row * K + j] + expf(glast - GPc[row]) * in;
+            float kj = tof(k[row * K + j]);
             float aprev = (i > 0 || q % NC != 0) ? astat[(row - 1) * K + j] : 0.0f;
-            float m, dr = precond_key_terms(a, kj, g, c, lnx, eps, &m);
-            float ab = dr / (a + eps) + nxt, d = expf(gp[row]);
-            sg = ab * aprev * d;
+            sg = ab * aprev * expf(gp[row]);
             sb = ab * kj * kj;
-            dk[row * K + j] += g * m + 2.0f * bp[row] * kj * ab;
-            nxt = d * ab;
-            a = aprev;
+            dk[row * K + j] += 2.0f * bp[row] * kj * ab;
         }
         sg = warp_sum(sg);
         sb = warp_sum(sb);
@@ -227,27 +212,24 @@ __global__ void precond_fix_bwd_v3_kernel(float* __restrict__ dk, float* __restr
         dbp[r0 + i] = tb;
     }
 }
-// the launch sequences, with the arguments of the trainer's precond_diag_forward / _backward; scratch: ca, cb (nq, K),
-// cc (nq) as there, and (nq) more for cdl (here the first nq floats of loc, which v3 does not otherwise use)
-static void precond_diag_forward_v3(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
-                                    const floatX* log_atk_scale, const float* a0, float* a_final, int B, int H, int NC,
-                                    int C, int K, float x, float eps) {
+
+static void precond_diag_forward_v2(floatX* kt, const PrecondBufs& pb, float* loc, float* gpc, const floatX* k, const float* gp,
+                                    const float* bp, const floatX* log_atk_scale, int B, int H, int NC, int C, int K, float x,
+                                    float eps) {
     int nq = B * H * NC;
-    precond_end_kernel<<<nq, K, 0, main_stream>>>(pb.ca, pb.cc, k, gp, bp, C, K);
-    precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, a0, a_final, NC, K);
-    precond_fix_v3_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.cb, k, gp, bp, log_atk_scale, H, NC, C, K, logf(x), eps);
+    precond_local_v2_kernel<<<nq, K, 0, main_stream>>>(loc, gpc, pb.ca, pb.cc, k, gp, bp, C, K);
+    precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, nullptr, nullptr, NC, K);
+    precond_fix_v2_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, loc, gpc, pb.cb, k, log_atk_scale, H, NC, C, K, logf(x), eps);
     cudaCheck(cudaGetLastError());
 }
-static void precond_diag_backward_v3(float* dk, float* dgp, float* dbp, float* dlas, const PrecondBufs& pb, const float* dkt,
-                                     const floatX* k, const float* gp, const float* bp, const floatX* log_atk_scale, int B,
-                                     int H, int NC, int C, int K, float x, float eps) {
+static void precond_diag_backward_v2(float* dk, float* dgp, float* dbp, float* dlas, const PrecondBufs& pb, float* loc,
+                                     const float* gpc, const float* dkt, const floatX* k, const float* gp, const float* bp,
+                                     const floatX* log_atk_scale, int B, int H, int NC, int C, int K, float x, float eps) {
     int nq = B * H * NC, kthreads = std::max(32, (K + 31) / 32 * 32);
-    float* cdl = pb.loc;
-    precond_first_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(pb.ca, pb.cc, cdl, dkt, k, gp, pb.astat, log_atk_scale, H, NC,
-                                                               C, K, logf(x), eps);
-    precond_carry_bwd_v3_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, cdl, gp, NC, C, K);
-    precond_fix_bwd_v3_kernel<<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, pb.cb, dkt, k, gp, bp, pb.astat, log_atk_scale,
-                                                                H, NC, C, K, logf(x), eps);
+    precond_local_bwd_v2_kernel<<<nq, kthreads, 0, main_stream>>>(dk, loc, pb.ca, pb.cc, dkt, k, gp, pb.astat, log_atk_scale,
+                                                                  H, NC, C, K, logf(x), eps);
+    precond_carry_bwd_v2_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, gpc, gp, NC, C, K);
+    precond_fix_bwd_v2_kernel<<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, loc, pb.cb, gpc, gp, bp, pb.astat, k, NC, C, K);
     precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(dlas, pb.cc, B, H, NC);
     cudaCheck(cudaGetLastError());
 }
@@ -261,6 +243,7 @@ struct PcDev {
     PrecondBufs pb;
     floatX *k, *kt, *las;
     float *gp, *bp, *dkt, *dk, *dgp, *dbp, *dlas, *dcs;
+    float *loc, *gpc; // v2's per-token scratch
 };
 
 static void pc_alloc(PcDev& d, const ChunkShape& s) {
@@ -272,8 +255,8 @@ static void pc_alloc(PcDev& d, const ChunkShape& s) {
     ar.add(&d.k, rows * K); ar.add(&d.kt, rows * K); ar.add(&d.las, s.H);
     ar.add(&d.gp, rows); ar.add(&d.bp, rows); ar.add(&d.dkt, rows * K); ar.add(&d.dk, rows * K);
     ar.add(&d.dgp, rows); ar.add(&d.dbp, rows); ar.add(&d.dlas, s.H); ar.add(&d.dcs, (long)s.B * s.H);
-    ar.add(&d.pb.loc, rows * K); ar.add(&d.pb.ca, nq * K); ar.add(&d.pb.cb, nq * K); ar.add(&d.pb.cc, nq);
-    ar.add(&d.pb.astat, rows * K); ar.add(&d.pb.gpc, rows);
+    precond_scratch_add(ar, &d.pb, nq, K);
+    ar.add(&d.pb.astat, rows * K); ar.add(&d.loc, rows * K); ar.add(&d.gpc, rows);
     ar.alloc();
 }
 
@@ -284,9 +267,9 @@ static void pc_forward(PcDev& d, int v) {
                                                                        s.K, logf(PC_X), PC_EPS);
         cudaCheck(cudaGetLastError());
     } else if (v == 2) {
-        lab_precond_diag_forward(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
+        precond_diag_forward_v2(d.kt, d.pb, d.loc, d.gpc, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
     } else {
-        precond_diag_forward_v3(d.kt, d.pb, d.k, d.gp, d.bp, d.las, nullptr, nullptr, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
+        lab_precond_diag_forward(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
     }
 }
 static void pc_backward(PcDev& d, int v) {
@@ -298,10 +281,10 @@ static void pc_backward(PcDev& d, int v) {
         precond_dc_kernel<<<1, 32 * cdiv(s.H, 32), 0, main_stream>>>(d.dlas, d.dcs, s.B, s.H, 1);
         cudaCheck(cudaGetLastError());
     } else if (v == 2) {
-        lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
+        precond_diag_backward_v2(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.loc, d.gpc, d.dkt, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC,
+                                 s.C, s.K, PC_X, PC_EPS);
     } else {
-        precond_diag_backward_v3(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K,
-                                 PC_X, PC_EPS);
+        lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
     }
 }
 
