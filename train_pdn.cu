@@ -1563,40 +1563,52 @@ static void adam_bias_corrections(const TrainConfig* tc, long step, float* bc1, 
 // carries the chunk-start values across the NC chunk boundaries, (3) every chunk runs its recurrence again from its
 // carried start value and forms the write key k̃ = exp(-ln(x) s(r)) k̂. The backward is the reverse recurrence in the
 // same three passes. No per-token scratch: pass 3 recomputes instead of reading a stored local scan (10 bytes per
-// element forward, 28 backward; the version that stored it is v2 of dev/cuda/precond_scan.cu). One thread per
-// channel, one block per chunk (or per head in pass 2). Rows are head-major padded (B, H, Tp); padded rows have
-// k̂ = 0, gP = 0: they change nothing.
+// element forward, 28 backward; the version that stored it is v2 of dev/cuda/precond_scan.cu). Pass 2 is a block per
+// head, a thread per channel. Rows are head-major padded (B, H, Tp); padded rows have k̂ = 0, gP = 0: they change
+// nothing.
 
-// the statistic's recurrence over rows r0 .. r0+n-1 of channel j from a (the value before r0): astat, k̃
-__device__ __forceinline__ void precond_forward_rows(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
-                                                     float a, float c, long r0, int n, int j, int K, float lnx, float eps) {
-    #pragma unroll 4
-    for (int i = 0; i < n; i++) {
-        long row = r0 + i;
-        float kj = tof(k[row * K + j]);
-        a = expf(gp[row]) * a + bp[row] * kj * kj;
-        float r = logf(a + eps) - c;
-        float s = r / (1.0f + fabsf(r));
-        astat[row * K + j] = a;
-        kt[row * K + j] = fromf<floatX>(expf(-lnx * s) * kj);
-    }
+// The forward's pass 1 and the backward's pass 3 take a warp per chunk: lane l owns the channels j = l + 32 c (c < CPT,
+// K <= 32 CPT), so every row is one coalesced warp access, the per-row decay exp(gP) is computed once per CPT channels
+// and the backward's per-token sums over the channels are one warp sum. The forward's pass 3 and the backward's pass 1
+// keep a thread per channel (more warps in flight; faster there). Each pass is the faster of the two layouts in
+// dev/cuda/precond_scan.cu (v4 vs v5). log, exp and the divisions use the fast hardware approximations (relative error
+// ~1e-6 here: exp's arguments are in [-0.41, 0.41] or are log-decays, r's error is absolute ~1e-7): the accurate
+// library calls made these passes bound by instructions (v3 vs v5).
+#define PC_WARPS 4 // chunks per block in the warp-per-chunk passes
+// 8 blocks of 4 warps per SM (<= 64 registers) put the 340m shape's 4096 chunks in one wave on 132 SMs
+#define PC_MIN_BLOCKS(CPT) ((CPT) <= 4 ? 8 : 4)
+
+// the write key's multiplier m = exp(-ln(x) s(r)), s = r / (1 + |r|), r = log(a + eps) - c; *inv = 1 / (1 + |r|)
+__device__ __forceinline__ float precond_key_scale(float a, float c, float lnx, float eps, float* inv) {
+    float r = __logf(a + eps) - c;
+    *inv = __fdividef(1.0f, 1.0f + fabsf(r));
+    return __expf(-lnx * r * *inv);
 }
 // forward pass 1: cend (nq, K) = the chunk's scan from zero at its last row, cdec (nq) = exp(Σ gP over the chunk)
-__global__ void precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k,
-                                   const float* __restrict__ gp, const float* __restrict__ bp, int C, int K) {
-    long q = blockIdx.x, r0 = q * C;
-    int j = threadIdx.x;
-    if (j >= K) { return; }
-    float a = 0.0f, G = 0.0f;
-    #pragma unroll 8
+template <int CPT>
+__global__ void __launch_bounds__(32 * PC_WARPS, PC_MIN_BLOCKS(CPT)) precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k,
+                                   const float* __restrict__ gp, const float* __restrict__ bp, long nq, int C, int K) {
+    long q = (long)blockIdx.x * PC_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (q >= nq) { return; }
+    float a[CPT], G = 0.0f;
+    #pragma unroll
+    for (int c = 0; c < CPT; c++) { a[c] = 0.0f; }
+    #pragma unroll 4
     for (int i = 0; i < C; i++) {
-        long row = r0 + i;
-        float kj = tof(k[row * K + j]), g = gp[row];
-        a = expf(g) * a + bp[row] * kj * kj;
+        long row = q * C + i;
+        float g = gp[row], d = __expf(g), b = bp[row];
         G += g;
+        #pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int j = lane + 32 * c;
+            float kj = j < K ? tof(k[row * K + j]) : 0.0f;
+            a[c] = d * a[c] + b * kj * kj;
+        }
     }
-    cend[q * K + j] = a;
-    if (j == 0) { cdec[q] = expf(G); }
+    #pragma unroll
+    for (int c = 0; c < CPT; c++) { if (lane + 32 * c < K) { cend[q * K + lane + 32 * c] = a[c]; } }
+    if (lane == 0) { cdec[q] = __expf(G); }
 }
 // forward pass 2: carry[q] = a at the start of chunk q (from a0 or 0); a_final optional (may equal a0)
 __global__ void precond_carry_kernel(float* carry, const float* cend, const float* cdec, const float* a0, float* a_final,
@@ -1611,27 +1623,39 @@ __global__ void precond_carry_kernel(float* carry, const float* cend, const floa
     }
     if (a_final) { a_final[(long)bh * K + j] = a; }
 }
-
-// forward pass 3: from the chunk-start value carry, the recurrence again: astat (hm fp32), k̃ (hm floatX)
+// forward pass 3: from the chunk-start value carry, the recurrence again: astat (hm fp32), k̃ (hm floatX). A thread per
+// channel and a block per chunk here: this pass is bound by latency, and a warp per chunk (4x fewer warps in flight)
+// took twice as long (dev/cuda/precond_scan.cu v4)
 __global__ void precond_fix_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ carry,
-                                      const floatX* __restrict__ k, const float* __restrict__ gp, const float* __restrict__ bp,
-                                      const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
-                                      float eps) {
+                                   const floatX* __restrict__ k, const float* __restrict__ gp, const float* __restrict__ bp,
+                                   const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                   float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     if (j >= K) { return; }
-    precond_forward_rows(kt, astat, k, gp, bp, carry[q * K + j], tof(log_atk_scale[(q / NC) % H]), r0, C, j, K, lnx, eps);
+    float a = carry[q * K + j], cs = tof(log_atk_scale[(q / NC) % H]);
+    #pragma unroll 4
+    for (int i = 0; i < C; i++) {
+        long row = r0 + i;
+        float kj = tof(k[row * K + j]), inv;
+        a = __expf(gp[row]) * a + bp[row] * kj * kj;
+        astat[row * K + j] = a;
+        kt[row * K + j] = fromf<floatX>(precond_key_scale(a, cs, lnx, eps, &inv) * kj);
+    }
 }
-// the write key's local terms at one (token, channel): m = exp(-ln(x) s(r)) (k̃ = m k̂) and dr = dL/dr from g = dL/dk̃
-__device__ __forceinline__ float precond_key_terms(float a, float kj, float g, float c, float lnx, float eps, float* m) {
-    float r = logf(a + eps) - c;
-    float sq = r / (1.0f + fabsf(r));
-    *m = expf(-lnx * sq);
-    return g * kj * -lnx * *m / ((1.0f + fabsf(r)) * (1.0f + fabsf(r)));
+// the backward's local terms at one (token, channel) from g = dL/dk̃: returns u = dr / (a + eps), the reverse scan's
+// input; *dr = dL/dr (dlog_atk_scale gets -Σ dr), *m = the multiplier (dk̂ gets g m on the direct path)
+__device__ __forceinline__ float precond_key_grad(float a, float kj, float g, float c, float lnx, float eps, float* m,
+                                                  float* dr) {
+    float inv;
+    *m = precond_key_scale(a, c, lnx, eps, &inv);
+    *dr = g * kj * -lnx * *m * inv * inv;
+    return __fdividef(*dr, a + eps);
 }
-// backward pass 1 (reverse, from zero at the chunk end): cfirst (nq, K) = the local abar at the chunk's first row;
-// dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order); cdl (nq) = exp(Σ gP over the
-// chunk's rows after the first): the decay from its first row to its end
+// backward pass 1 (reverse, from zero at the chunk end; a thread per channel, as pass 3 of the forward):
+// cfirst (nq, K) = the local abar at the chunk's first row; dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr
+// (block sum, fixed order); cdl (nq) = exp(Σ gP over the chunk's rows after the first): the decay from its first row
+// to its end
 __global__ void precond_first_bwd_kernel(float* __restrict__ cfirst, float* __restrict__ dcp, float* __restrict__ cdl,
                                          const float* __restrict__ dkt, const floatX* __restrict__ k,
                                          const float* __restrict__ gp, const float* __restrict__ astat,
@@ -1639,22 +1663,22 @@ __global__ void precond_first_bwd_kernel(float* __restrict__ cfirst, float* __re
                                          float eps) {
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
-    float acc = 0.0f, dcs = 0.0f, G1 = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
-    if (j < K) {
-        #pragma unroll 4
-        for (int i = C - 1; i >= 0; i--) {
-            long row = r0 + i;
-            float kj = tof(k[row * K + j]), a = astat[row * K + j], m;
-            float dr = precond_key_terms(a, kj, dkt[row * K + j], c, lnx, eps, &m);
+    float acc = 0.0f, dcs = 0.0f, G1 = 0.0f, dn = 0.0f, cs = tof(log_atk_scale[(q / NC) % H]); // dn: the next row's decay
+    #pragma unroll 4
+    for (int i = C - 1; i >= 0; i--) {
+        long row = r0 + i;
+        if (j < K) {
+            float m, dr, u = precond_key_grad(astat[row * K + j], tof(k[row * K + j]), dkt[row * K + j], cs, lnx, eps, &m, &dr);
             dcs -= dr;
-            float dn = 0.0f;
-            if (i + 1 < C) { float gn = gp[row + 1]; dn = expf(gn); G1 += gn; }
-            acc = dr / (a + eps) + dn * acc;
+            acc = u + dn * acc;
         }
-        cfirst[q * K + j] = acc;
+        float g = gp[row];
+        if (i > 0) { G1 += g; }
+        dn = __expf(g);
     }
+    if (j < K) { cfirst[q * K + j] = acc; }
     float tot = block_sum(j < K ? dcs : 0.0f);
-    if (threadIdx.x == 0) { dcp[q] = tot; cdl[q] = expf(G1); }
+    if (threadIdx.x == 0) { dcp[q] = tot; cdl[q] = __expf(G1); }
 }
 // backward pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse
 __global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, const float* cdl, const float* gp, int NC,
@@ -1669,68 +1693,78 @@ __global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, c
     }
 }
 // backward pass 3 (reverse, from incoming): abar_t = dr_t / (a_t + eps) + d_{t+1} abar_{t+1};
-// dk += g m + 2 betaP k abar; per token dgP = Σ_j abar a_{t-1} d_t, dbetaP = Σ_j abar k² (warp sums, then the warps
-// in order)
-__global__ void precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
-                                          const float* __restrict__ incoming, const float* __restrict__ dkt,
-                                          const floatX* __restrict__ k, const float* __restrict__ gp,
-                                          const float* __restrict__ bp, const float* __restrict__ astat,
-                                          const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
-                                          float eps) {
-    long q = blockIdx.x, r0 = q * C;
-    int j = threadIdx.x;
-    __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
-    int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
-    bool on = j < K;
-    float c = tof(log_atk_scale[(q / NC) % H]);
-    float nxt = on ? incoming[q * K + j] : 0.0f;                    // d_{t+1} abar_{t+1} for the chunk's last row
-    float a = on ? astat[(r0 + C - 1) * K + j] : 0.0f;              // a_t, walking backwards: a_{t-1} is the next a
-    #pragma unroll 4
+// dk += g m + 2 betaP k abar; per token dgP = d_t Σ_j abar a_{t-1}, dbetaP = Σ_j abar k² (warp sums)
+template <int CPT>
+__global__ void __launch_bounds__(32 * PC_WARPS, PC_MIN_BLOCKS(CPT)) precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
+                                       const float* __restrict__ incoming, const float* __restrict__ dkt,
+                                       const floatX* __restrict__ k, const float* __restrict__ gp,
+                                       const float* __restrict__ bp, const float* __restrict__ astat,
+                                       const floatX* __restrict__ log_atk_scale, long nq, int H, int NC, int C, int K,
+                                       float lnx, float eps) {
+    long q = (long)blockIdx.x * PC_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (q >= nq) { return; }
+    long r0 = q * C;
+    bool seq_start = q % NC == 0; // a_{t-1} = 0 before the sequence's first row
+    float nxt[CPT], a[CPT], cs = tof(log_atk_scale[(q / NC) % H]); // nxt = d_{t+1} abar_{t+1}; a = a_t walking back
+    #pragma unroll
+    for (int c = 0; c < CPT; c++) {
+        int j = lane + 32 * c;
+        nxt[c] = j < K ? incoming[q * K + j] : 0.0f;
+        a[c] = j < K ? astat[(r0 + C - 1) * K + j] : 0.0f;
+    }
+    #pragma unroll 2
     for (int i = C - 1; i >= 0; i--) {
         long row = r0 + i;
-        float sg = 0.0f, sb = 0.0f;
-        if (on) {
-            float kj = tof(k[row * K + j]), g = dkt[row * K + j];
-            float aprev = (i > 0 || q % NC != 0) ? astat[(row - 1) * K + j] : 0.0f;
-            float m, dr = precond_key_terms(a, kj, g, c, lnx, eps, &m);
-            float ab = dr / (a + eps) + nxt, d = expf(gp[row]);
-            sg = ab * aprev * d;
-            sb = ab * kj * kj;
-            dk[row * K + j] += g * m + 2.0f * bp[row] * kj * ab;
-            nxt = d * ab;
-            a = aprev;
+        float d = __expf(gp[row]), b2 = 2.0f * bp[row], sg = 0.0f, sb = 0.0f;
+        #pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int j = lane + 32 * c;
+            if (j < K) {
+                float kj = tof(k[row * K + j]), g = dkt[row * K + j];
+                float aprev = (i > 0 || !seq_start) ? astat[(row - 1) * K + j] : 0.0f;
+                float m, dr, ab = precond_key_grad(a[c], kj, g, cs, lnx, eps, &m, &dr) + nxt[c];
+                sg += ab * aprev;
+                sb += ab * kj * kj;
+                dk[row * K + j] += g * m + b2 * kj * ab;
+                nxt[c] = d * ab;
+                a[c] = aprev;
+            }
         }
         sg = warp_sum(sg);
         sb = warp_sum(sb);
-        if (lane == 0) { part[0][i][warp] = sg; part[1][i][warp] = sb; }
-    }
-    __syncthreads();
-    for (int i = j; i < C; i += blockDim.x) {
-        float tg = 0.0f, tb = 0.0f;
-        for (int w = 0; w < nw; w++) { tg += part[0][i][w]; tb += part[1][i][w]; }
-        dgp[r0 + i] = tg;
-        dbp[r0 + i] = tb;
+        if (lane == 0) { dgp[row] = d * sg; dbp[row] = sb; }
     }
 }
-// dlog_atk_scale[h] += Σ over (b, chunk) of dcp, in order
+// dlog_atk_scale[h] += Σ over (b, chunk) of dcp: a block per head, a fixed order (strided per thread, then block_sum)
 __global__ void precond_dc_kernel(float* dlas, const float* dcp, int B, int H, int NC) {
-    int h = threadIdx.x;
-    if (h >= H) { return; }
+    int h = blockIdx.x;
     float s = 0.0f;
-    for (int b = 0; b < B; b++) { for (int c = 0; c < NC; c++) { s += dcp[((long)b * H + h) * NC + c]; } }
-    dlas[h] += s;
+    for (int i = threadIdx.x; i < B * NC; i += blockDim.x) { s += dcp[((long)(i / NC) * H + h) * NC + i % NC]; }
+    s = block_sum(s);
+    if (threadIdx.x == 0) { dlas[h] += s; }
 }
 
 // the buffers of the three-pass scan: the layer keeps astat (rows, K); ca, cb (nq, K) and cc, cd (nq) are scratch
 // (forward: chunk ends, carries, chunk decays; backward: first-row values, incoming, dlog_atk_scale parts, decays)
 struct PrecondBufs { float *ca, *cb, *cc, *cd, *astat; };
 
+// a warp-per-chunk pass for CPT = K / 32 rounded up to 1, 2, 4 or 8 (K <= 256: checked at startup)
+#define PRECOND_PASS(kernel, nq, K, ...)                                                                              \
+    do {                                                                                                            \
+        int blocks_ = cdiv((nq), PC_WARPS), threads_ = 32 * PC_WARPS;                                               \
+        if ((K) <= 32) { kernel<1><<<blocks_, threads_, 0, main_stream>>>(__VA_ARGS__); }                           \
+        else if ((K) <= 64) { kernel<2><<<blocks_, threads_, 0, main_stream>>>(__VA_ARGS__); }                      \
+        else if ((K) <= 128) { kernel<4><<<blocks_, threads_, 0, main_stream>>>(__VA_ARGS__); }                     \
+        else { kernel<8><<<blocks_, threads_, 0, main_stream>>>(__VA_ARGS__); }                                     \
+    } while (0)
+
 // k̃ (hm floatX) from k̂, gP, betaP (rows); a0 / a_final (B, H, K) optional (generation)
 static void precond_diag_forward(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
                                  const floatX* log_atk_scale, const float* a0, float* a_final, int B, int H, int NC, int C,
                                  int K, float x, float eps) {
-    int nq = B * H * NC;
-    precond_end_kernel<<<nq, K, 0, main_stream>>>(pb.ca, pb.cc, k, gp, bp, C, K);
+    long nq = (long)B * H * NC;
+    PRECOND_PASS(precond_end_kernel, nq, K, pb.ca, pb.cc, k, gp, bp, nq, C, K);
     precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, a0, a_final, NC, K);
     precond_fix_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.cb, k, gp, bp, log_atk_scale, H, NC, C, K, logf(x), eps);
     cudaCheck(cudaGetLastError());
@@ -1740,13 +1774,14 @@ static void precond_diag_forward(floatX* kt, const PrecondBufs& pb, const floatX
 static void precond_diag_backward(float* dk, float* dgp, float* dbp, float* dlas, const PrecondBufs& pb, const float* dkt,
                                   const floatX* k, const float* gp, const float* bp, const floatX* log_atk_scale, int B,
                                   int H, int NC, int C, int K, float x, float eps) {
-    int nq = B * H * NC, kthreads = std::max(32, (K + 31) / 32 * 32);
+    long nq = (long)B * H * NC;
+    int kthreads = (K + 31) / 32 * 32; // block_sum: whole warps
     precond_first_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(pb.ca, pb.cc, pb.cd, dkt, k, gp, pb.astat, log_atk_scale, H, NC,
                                                                C, K, logf(x), eps);
     precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cd, gp, NC, C, K);
-    precond_fix_bwd_kernel<<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, pb.cb, dkt, k, gp, bp, pb.astat, log_atk_scale, H,
-                                                             NC, C, K, logf(x), eps);
-    precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(dlas, pb.cc, B, H, NC);
+    PRECOND_PASS(precond_fix_bwd_kernel, nq, K, dk, dgp, dbp, pb.cb, dkt, k, gp, bp, pb.astat, log_atk_scale, nq, H, NC, C,
+                 K, logf(x), eps);
+    precond_dc_kernel<<<H, 256, 0, main_stream>>>(dlas, pb.cc, B, H, NC);
     cudaCheck(cudaGetLastError());
 }
 // the scan's scratch (the layer's astat is added where the layer's tensors are)
@@ -3099,7 +3134,7 @@ __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float*
     }
 }
 
-// Combine one chunk's gradients (all hm fp32 outputs written, not accumulated):
+// Combine one chunk's gradients (all hm fp32 outputs written, not accumulated; dkt only without fold_kt):
 //   dq = dQg ⊙ e^G + dq_s;  dk̂ = beta dX ⊙ e^G + dkh_s (+ dk̃ without a preconditioner);  dk̃ = dkt_s + dKd ⊙ exp(G_n - G)
 //   dv = beta dY;  dbeta = Σ dX ⊙ K̂e^G + Σ dY ⊙ V + dbetaA
 //   dG_i = q̂_i ⊙ dq_i + k̂_i ⊙ dk̂_i - k̃_i ⊙ dk̃_i, plus at i = n: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) + e^G_n ⊙ Σ_v dS ⊙ S
@@ -3155,7 +3190,7 @@ __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dk
             bsum += vx.v[u] * khv * eg; // dbeta: Σ_c dX ⊙ K̂ e^G
         }
         *(F4*)(dq + idx) = oq;
-        *(F4*)(dkt + idx) = okt;
+        if (!fold_kt) { *(F4*)(dkt + idx) = okt; }
         *(F4*)(dkh + idx) = okh;
         *(F4*)(Gc + e) = gc;
         *(F4*)(Kx + e) = kx;
@@ -3236,6 +3271,103 @@ __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dk
         float acc = tot + (suf - part);
         for (int i = hi - 1; i >= lo; i--) { acc += rows[i]; dg[r0 + i] = acc; }
     }
+}
+
+// The same for a scalar or no decay with K = V = 128 (the 340m and 1b presets): a warp owns a row (lane l: channels
+// 4 l .. 4 l + 3, 16-byte accesses), so the per-row sums over channels (dG_i, dbeta_i) are warp sums and the last
+// row's column sums Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) stay in each lane's registers until the warps are combined in
+// fixed order. No (C, K) shared-memory tensors (the general kernel keeps ~70 KB of them, 3 blocks per
+// SM): 8 blocks of 8 warps fit an SM.
+#define FIN_WARPS 8
+__global__ void __launch_bounds__(32 * FIN_WARPS) bwd_finish_rows_kernel(
+    float* __restrict__ dq, float* __restrict__ dkh, float* __restrict__ dkt, float* __restrict__ dv, float* __restrict__ dbeta,
+    float* __restrict__ dg, const float* __restrict__ dQg, const float* __restrict__ dq_s, const float* __restrict__ dX,
+    const float* __restrict__ dkh_s, const float* __restrict__ dkt_s, const float* __restrict__ dKd, const float* __restrict__ dY,
+    const float* __restrict__ dbetaA, const floatX* __restrict__ Q, const floatX* __restrict__ Kh, const floatX* __restrict__ Kt,
+    const floatX* __restrict__ Vv, const float* __restrict__ G, const float* __restrict__ beta, const floatX* __restrict__ hstate,
+    const floatX* __restrict__ dhstate, int fold_kt, ChunkShape s) {
+    struct alignas(16) F4 { float v[4]; };
+    struct alignas(4 * sizeof(floatX)) X4 { floatX v[4]; };
+    __shared__ float kxp[FIN_WARPS][128]; // per warp: Σ over its rows of k̃ ⊙ dKd exp(G_n - G)
+    __shared__ float hsum[128];           // Σ_v dS ⊙ S per state row
+    __shared__ float rowg[GPU_CHUNK_MAX]; // dG per row (summed over channels)
+    const int K = 128, V = 128;
+    int C = s.C, n1 = C - 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    long q = blockIdx.x, r0 = q * C;
+    float kxa[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int i = warp; i < C; i += FIN_WARPS) {
+        float b = beta[r0 + i], eg = 1.0f, ed = 1.0f, gsum = 0.0f, bsum = 0.0f;
+        if (s.gk) { float gi = G[r0 + i]; eg = expf(gi); ed = expf(G[r0 + n1] - gi); }
+        {
+            long idx = (r0 + i) * K + 4 * lane;
+            F4 vq = *(const F4*)(dQg + idx), vqs = *(const F4*)(dq_s + idx), vkd = *(const F4*)(dKd + idx);
+            F4 vkts = *(const F4*)(dkt_s + idx), vx = *(const F4*)(dX + idx), vkhs = *(const F4*)(dkh_s + idx);
+            X4 xq = *(const X4*)(Q + idx), xkh = *(const X4*)(Kh + idx), xkt = *(const X4*)(Kt + idx);
+            F4 oq, okt, okh;
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float qv = tof(xq.v[u]), khv = tof(xkh.v[u]), ktv = tof(xkt.v[u]);
+                float dqv = vq.v[u] * eg + vqs.v[u], dkd = vkd.v[u] * ed, dktv = vkts.v[u] + dkd;
+                float dkhv = b * vx.v[u] * eg + vkhs.v[u];
+                oq.v[u] = dqv;
+                okt.v[u] = dktv;
+                okh.v[u] = fold_kt ? dkhv + dktv : dkhv;
+                gsum += qv * dqv + khv * dkhv - ktv * dktv;
+                kxa[u] += ktv * dkd;
+                bsum += vx.v[u] * khv * eg; // dbeta: Σ_c dX ⊙ K̂ e^G
+            }
+            *(F4*)(dq + idx) = oq;
+            *(F4*)(dkh + idx) = okh;
+            if (!fold_kt) { *(F4*)(dkt + idx) = okt; }
+        }
+        {
+            long idx = (r0 + i) * V + 4 * lane;
+            F4 y = *(const F4*)(dY + idx), o;
+            X4 xv = *(const X4*)(Vv + idx);
+            #pragma unroll
+            for (int u = 0; u < 4; u++) {
+                o.v[u] = b * y.v[u];
+                bsum += y.v[u] * tof(xv.v[u]); // dbeta: Σ_v dY ⊙ V
+            }
+            *(F4*)(dv + idx) = o;
+        }
+        gsum = warp_sum(gsum);
+        bsum = warp_sum(bsum);
+        if (lane == 0) { rowg[i] = gsum; dbeta[r0 + i] = bsum + dbetaA[r0 + i]; }
+    }
+    if (!s.gk) { return; }
+    #pragma unroll
+    for (int u = 0; u < 4; u++) { kxp[warp][4 * lane + u] = kxa[u]; }
+    for (int a = warp; a < K; a += FIN_WARPS) { // a warp per state row, 4 columns per lane
+        long idx = (q * K + a) * V + 4 * lane;
+        X4 h = *(const X4*)(hstate + idx), dh = *(const X4*)(dhstate + idx);
+        float sum = 0.0f;
+        #pragma unroll
+        for (int u = 0; u < 4; u++) { sum += tof(dh.v[u]) * tof(h.v[u]); }
+        sum = warp_sum(sum);
+        if (lane == 0) { hsum[a] = sum; }
+    }
+    __syncthreads();
+    if (warp != 0) { return; }
+    // the last row's extra term summed over channels, then dg = the reverse cumsum of dG over the rows: lane l owns
+    // rows l*per .. l*per+per-1 (an inclusive suffix sum over the lanes carries the later rows' total)
+    float egn = expf(G[r0 + n1]), tot = 0.0f;
+    for (int a = lane; a < K; a += 32) {
+        float kx = 0.0f;
+        for (int w = 0; w < FIN_WARPS; w++) { kx += kxp[w][a]; }
+        tot += kx + egn * hsum[a];
+    }
+    tot = warp_sum(tot);
+    int per = (C + 31) / 32, lo = min(lane * per, C), hi = min(lo + per, C);
+    float part = 0.0f;
+    for (int i = lo; i < hi; i++) { part += rowg[i]; }
+    float suf = part;
+    for (int o = 1; o < 32; o <<= 1) {
+        float v = __shfl_down_sync(0xffffffff, suf, o);
+        if (lane + o < 32) { suf += v; }
+    }
+    float acc = tot + (suf - part);
+    for (int i = hi - 1; i >= lo; i--) { acc += rowg[i]; dg[r0 + i] = acc; }
 }
 
 // floatX copy of an fp32 buffer, XVEC elements per thread (16-byte stores), a partial vector at the end
@@ -3425,7 +3557,8 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
 }
 
 // Backward of the mixer core from dO (hm floatX, zero in padded rows). Writes (not accumulates) dq, dkh, dkt,
-// dv (hm fp32), dbeta (rows), dg (rows, gw; if gk). fold_kt: no preconditioner, so k̃ = k̂ and dkh gets dkt too.
+// dv (hm fp32), dbeta (rows), dg (rows, gw; if gk). fold_kt: no preconditioner, so k̃ = k̂ and dkh gets dkt too
+// (dkt is then not written).
 static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg, MixerScratch* sc,
                                  const MixerSaved* sv, const floatX* dO, const floatX* Q, const floatX* Kh, const floatX* Kt,
                                  const floatX* Vv, const float* beta, int fold_kt, const ChunkShape& s) {
@@ -3499,10 +3632,16 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     }
     }
     PROF("mixer.bwd.finish");
-    auto finish = finish_vec(s) == 4 ? bwd_finish_kernel<4> : bwd_finish_kernel<1>;
-    finish<<<nq, 256, smem_finish(s), main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX, sc->dkh_s, sc->dkt_s,
-                                                     sc->dKd, sc->dY, sc->dbetaA, Q, Kh, Kt, Vv, sv->G, beta, sv->hstate,
-                                                     sc->dhstate, fold_kt, s);
+    if (s.gk <= 1 && s.K == 128 && s.V == 128) {
+        bwd_finish_rows_kernel<<<nq, 32 * FIN_WARPS, 0, main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX, sc->dkh_s,
+                                                       sc->dkt_s, sc->dKd, sc->dY, sc->dbetaA, Q, Kh, Kt, Vv, sv->G, beta,
+                                                       sv->hstate, sc->dhstate, fold_kt, s);
+    } else {
+        auto finish = finish_vec(s) == 4 ? bwd_finish_kernel<4> : bwd_finish_kernel<1>;
+        finish<<<nq, 256, smem_finish(s), main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX, sc->dkh_s,
+                                                         sc->dkt_s, sc->dKd, sc->dY, sc->dbetaA, Q, Kh, Kt, Vv, sv->G, beta,
+                                                         sv->hstate, sc->dhstate, fold_kt, s);
+    }
     cudaCheck(cudaGetLastError());
 }
 

@@ -13,12 +13,22 @@ Versions:
       local scan loc and GPc; the chunk-start values across chunks; pass 3 adds the carried part and forms k̃);
       backward likewise with a stored local reverse scan, dk updated in passes 1 and 3. 18 bytes per element forward,
       40 backward
-  v3  the trainer's kernels (precond_end/carry/fix_kernel, precond_first/carry/fix_bwd_kernel, precond_dc_kernel):
-      the same passes without per-token scratch: pass 1 keeps only the chunk's end (forward) or first-row (backward)
-      values, pass 3 runs the chunk's recurrence again from the carried value, dk is updated once: 10 bytes per
-      element forward, 28 backward. Its algebra was checked by a float64 emulation of the kernels against the
-      sequential recurrence (2026-12-01). H200, 2026-12-01, B16 H8 T2048 K128: fwd 0.275 -> 0.190 ms,
-      bwd 0.573 -> 0.533 ms against v2 (the backward is bound by its sequential passes, not by bytes)
+  v3  the trainer's kernels until v4: the same passes without per-token scratch: pass 1 keeps only the chunk's end
+      (forward) or first-row (backward) values, pass 3 runs the chunk's recurrence again from the carried value, dk is
+      updated once: 10 bytes per element forward, 28 backward (a thread per channel, a block per chunk, accurate
+      logf / expf / divisions). H200, 2026-12-01, B16 H8 T2048 K128: fwd 0.275 -> 0.190 ms, bwd 0.573 -> 0.533 ms
+      against v2: far from the bytes' time; its accurate logf / expf / divisions cost ~220 instructions per element
+      in the backward (an estimate; v5 measures what the fast forms give)
+  v4  a warp per chunk in every pass (lane l owns channels l + 32 c, so the per-row decay is computed once per K / 32
+      channels and the per-token channel sums are one warp sum, no shared memory) and __logf / __expf / __fdividef
+      (relative error ~1e-6). H200, 2026-12-01: fwd 0.209 ms, bwd 0.431 ms; per pass (ncu): end 25 us, fix 163,
+      first_bwd 159, fix_bwd 228
+  v5  v3 with __logf / __expf / __fdividef (a thread per channel): fwd 0.145 ms, bwd 0.387 ms; per pass: end 41 us,
+      fix 83, first_bwd 99, fix_bwd 245 (the carries ~15 us each; the dlog_atk_scale sum, then one block, 18 us: every
+      version now uses v6's)
+  v6  the trainer's kernels: the faster layout per pass (end and fix_bwd from v4: precond_end_kernel,
+      precond_fix_bwd_kernel; fix and first_bwd from v5: precond_fix_kernel, precond_first_bwd_kernel) and the
+      dlog_atk_scale sum by a block per head (precond_dc_kernel)
 
 CPU reference: precond_diag_forward / precond_diag_backward of train_pdn.c, in double, from the inputs as the device
 sees them (k̂ and log_atk_scale rounded to floatX).
@@ -31,31 +41,59 @@ so v1 has only 8 blocks).
 
 Build and run (from the repository root):
   make -C dev/cuda precond_scan precond_scan_fp32
-  dev/cuda/precond_scan [1|2|3] [--no-bench]
+  dev/cuda/precond_scan [1..6] [--no-bench]
 */
 #define TESTING
 #include "../../train_pdn.cu"
 #include "common.h"
 
-#define NVERSIONS 3
+#define NVERSIONS 6
 static const double TOL_F32 = 1e-4;
 #ifdef ENABLE_FP32
 static const double TOL_KT = 1e-4;
 #else
 static const double TOL_KT = 1e-2;
 #endif
-static const char* VERSION_NAME[4] = {"", "v1 sequential", "v2 chunked", "v3 recompute"};
+static const char* VERSION_NAME[7] = {"", "v1 sequential", "v2 chunked", "v3 recompute", "v4 warp/chunk", "v5 v3 + fast",
+                                        "v6 v4/v5 mix"};
 static const int CHUNK = 64;
 static const float PC_X = 1.5f, PC_EPS = 1e-6f;
 
 // ----------------------------------------------------------------------------------------------------
 // v1: one thread per channel, sequential over the whole sequence
 
+// (the trainer's per-thread forward and key terms until v4, used by v1, v3 and v5; FAST: the hardware approximations)
+template <bool FAST> __device__ __forceinline__ float lab_exp(float x) { return FAST ? __expf(x) : expf(x); }
+template <bool FAST> __device__ __forceinline__ float lab_log(float x) { return FAST ? __logf(x) : logf(x); }
+template <bool FAST> __device__ __forceinline__ float lab_div(float x, float y) { return FAST ? __fdividef(x, y) : x / y; }
+// the statistic's recurrence over rows r0 .. r0+n-1 of channel j from a (the value before r0): astat, k̃
+template <bool FAST>
+__device__ __forceinline__ void precond_forward_rows(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
+                                                     float a, float c, long r0, int n, int j, int K, float lnx, float eps) {
+    #pragma unroll 4
+    for (int i = 0; i < n; i++) {
+        long row = r0 + i;
+        float kj = tof(k[row * K + j]);
+        a = lab_exp<FAST>(gp[row]) * a + bp[row] * kj * kj;
+        float r = lab_log<FAST>(a + eps) - c;
+        float s = lab_div<FAST>(r, 1.0f + fabsf(r));
+        astat[row * K + j] = a;
+        kt[row * K + j] = fromf<floatX>(lab_exp<FAST>(-lnx * s) * kj);
+    }
+}
+// the write key's local terms at one (token, channel): m = exp(-ln(x) s(r)) (k̃ = m k̂) and dr = dL/dr from g = dL/dk̃
+template <bool FAST>
+__device__ __forceinline__ float precond_key_terms(float a, float kj, float g, float c, float lnx, float eps, float* m) {
+    float r = lab_log<FAST>(a + eps) - c;
+    float sq = lab_div<FAST>(r, 1.0f + fabsf(r));
+    *m = lab_exp<FAST>(-lnx * sq);
+    return lab_div<FAST>(g * kj * -lnx * *m, (1.0f + fabsf(r)) * (1.0f + fabsf(r)));
+}
 __global__ void precond_forward_seq_kernel(floatX* kt, float* astat, const floatX* k, const float* gp, const float* bp,
                                            const floatX* log_atk_scale, int H, int Tp, int K, float lnx, float eps) {
     int bh = blockIdx.x, j = threadIdx.x;
     if (j >= K) { return; }
-    precond_forward_rows(kt, astat, k, gp, bp, 0.0f, tof(log_atk_scale[bh % H]), (long)bh * Tp, Tp, j, K, lnx, eps);
+    precond_forward_rows<false>(kt, astat, k, gp, bp, 0.0f, tof(log_atk_scale[bh % H]), (long)bh * Tp, Tp, j, K, lnx, eps);
 }
 
 // blockDim.x: K rounded up to a multiple of 32 (block_sum). dk +=; dgp, dbp =; dcs[bh] = Σ -dr (then precond_dc_kernel)
@@ -231,12 +269,233 @@ static void precond_diag_backward_v2(float* dk, float* dgp, float* dbp, float* d
                                                                   H, NC, C, K, logf(x), eps);
     precond_carry_bwd_v2_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, gpc, gp, NC, C, K);
     precond_fix_bwd_v2_kernel<<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, loc, pb.cb, gpc, gp, bp, pb.astat, k, NC, C, K);
-    precond_dc_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(dlas, pb.cc, B, H, NC);
+    precond_dc_kernel<<<H, 256, 0, main_stream>>>(dlas, pb.cc, B, H, NC);
     cudaCheck(cudaGetLastError());
 }
 
 // ----------------------------------------------------------------------------------------------------
-// buffers and the two versions' launch sequences
+// v3: the trainer's kernels until v4 (2026-12-01): v2's passes without per-token scratch, a thread per channel and a
+// block per chunk, accurate logf / expf / divisions, per-token sums by warp sums then the warps in shared memory;
+// passes 2 (the carries) and the dlog_atk_scale sum are the trainer's. v5: the same with FAST (__logf, __expf,
+// __fdividef), to tell the instructions' share from the layout's in v4
+
+// forward pass 1: cend (nq, K) = the chunk's scan from zero at its last row, cdec (nq) = exp(Σ gP over the chunk)
+template <bool FAST>
+__global__ void precond_end_v3_kernel(float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k,
+                                   const float* __restrict__ gp, const float* __restrict__ bp, int C, int K) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    if (j >= K) { return; }
+    float a = 0.0f, G = 0.0f;
+    #pragma unroll 8
+    for (int i = 0; i < C; i++) {
+        long row = r0 + i;
+        float kj = tof(k[row * K + j]), g = gp[row];
+        a = lab_exp<FAST>(g) * a + bp[row] * kj * kj;
+        G += g;
+    }
+    cend[q * K + j] = a;
+    if (j == 0) { cdec[q] = lab_exp<FAST>(G); }
+}
+// forward pass 3: from the chunk-start value carry, the recurrence again: astat (hm fp32), k̃ (hm floatX)
+template <bool FAST>
+__global__ void precond_fix_v3_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ carry,
+                                      const floatX* __restrict__ k, const float* __restrict__ gp, const float* __restrict__ bp,
+                                      const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                      float eps) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    if (j >= K) { return; }
+    precond_forward_rows<FAST>(kt, astat, k, gp, bp, carry[q * K + j], tof(log_atk_scale[(q / NC) % H]), r0, C, j, K, lnx, eps);
+}
+// backward pass 1 (reverse, from zero at the chunk end): cfirst (nq, K) = the local abar at the chunk's first row;
+// dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order); cdl (nq) = exp(Σ gP over the
+// chunk's rows after the first): the decay from its first row to its end
+template <bool FAST>
+__global__ void precond_first_bwd_v3_kernel(float* __restrict__ cfirst, float* __restrict__ dcp, float* __restrict__ cdl,
+                                         const float* __restrict__ dkt, const floatX* __restrict__ k,
+                                         const float* __restrict__ gp, const float* __restrict__ astat,
+                                         const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                         float eps) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    float acc = 0.0f, dcs = 0.0f, G1 = 0.0f, c = tof(log_atk_scale[(q / NC) % H]);
+    if (j < K) {
+        #pragma unroll 4
+        for (int i = C - 1; i >= 0; i--) {
+            long row = r0 + i;
+            float kj = tof(k[row * K + j]), a = astat[row * K + j], m;
+            float dr = precond_key_terms<FAST>(a, kj, dkt[row * K + j], c, lnx, eps, &m);
+            dcs -= dr;
+            float dn = 0.0f;
+            if (i + 1 < C) { float gn = gp[row + 1]; dn = lab_exp<FAST>(gn); G1 += gn; }
+            acc = lab_div<FAST>(dr, a + eps) + dn * acc;
+        }
+        cfirst[q * K + j] = acc;
+    }
+    float tot = block_sum(j < K ? dcs : 0.0f);
+    if (threadIdx.x == 0) { dcp[q] = tot; cdl[q] = lab_exp<FAST>(G1); }
+}
+// backward pass 3 (reverse, from incoming): abar_t = dr_t / (a_t + eps) + d_{t+1} abar_{t+1};
+// dk += g m + 2 betaP k abar; per token dgP = Σ_j abar a_{t-1} d_t, dbetaP = Σ_j abar k² (warp sums, then the warps
+// in order)
+template <bool FAST>
+__global__ void precond_fix_bwd_v3_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
+                                          const float* __restrict__ incoming, const float* __restrict__ dkt,
+                                          const floatX* __restrict__ k, const float* __restrict__ gp,
+                                          const float* __restrict__ bp, const float* __restrict__ astat,
+                                          const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
+                                          float eps) {
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
+    int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
+    bool on = j < K;
+    float c = tof(log_atk_scale[(q / NC) % H]);
+    float nxt = on ? incoming[q * K + j] : 0.0f;                    // d_{t+1} abar_{t+1} for the chunk's last row
+    float a = on ? astat[(r0 + C - 1) * K + j] : 0.0f;              // a_t, walking backwards: a_{t-1} is the next a
+    #pragma unroll 4
+    for (int i = C - 1; i >= 0; i--) {
+        long row = r0 + i;
+        float sg = 0.0f, sb = 0.0f;
+        if (on) {
+            float kj = tof(k[row * K + j]), g = dkt[row * K + j];
+            float aprev = (i > 0 || q % NC != 0) ? astat[(row - 1) * K + j] : 0.0f;
+            float m, dr = precond_key_terms<FAST>(a, kj, g, c, lnx, eps, &m);
+            float ab = lab_div<FAST>(dr, a + eps) + nxt, d = lab_exp<FAST>(gp[row]);
+            sg = ab * aprev * d;
+            sb = ab * kj * kj;
+            dk[row * K + j] += g * m + 2.0f * bp[row] * kj * ab;
+            nxt = d * ab;
+            a = aprev;
+        }
+        sg = warp_sum(sg);
+        sb = warp_sum(sb);
+        if (lane == 0) { part[0][i][warp] = sg; part[1][i][warp] = sb; }
+    }
+    __syncthreads();
+    for (int i = j; i < C; i += blockDim.x) {
+        float tg = 0.0f, tb = 0.0f;
+        for (int w = 0; w < nw; w++) { tg += part[0][i][w]; tb += part[1][i][w]; }
+        dgp[r0 + i] = tg;
+        dbp[r0 + i] = tb;
+    }
+}
+template <bool FAST>
+static void precond_diag_forward_v3(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
+                                    const floatX* log_atk_scale, int B, int H, int NC, int C, int K, float x, float eps) {
+    int nq = B * H * NC;
+    precond_end_v3_kernel<FAST><<<nq, K, 0, main_stream>>>(pb.ca, pb.cc, k, gp, bp, C, K);
+    precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, nullptr, nullptr, NC, K);
+    precond_fix_v3_kernel<FAST><<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.cb, k, gp, bp, log_atk_scale, H, NC, C, K, logf(x), eps);
+    cudaCheck(cudaGetLastError());
+}
+template <bool FAST>
+static void precond_diag_backward_v3(float* dk, float* dgp, float* dbp, float* dlas, const PrecondBufs& pb, const float* dkt,
+                                     const floatX* k, const float* gp, const float* bp, const floatX* log_atk_scale, int B,
+                                     int H, int NC, int C, int K, float x, float eps) {
+    int nq = B * H * NC, kthreads = std::max(32, (K + 31) / 32 * 32);
+    precond_first_bwd_v3_kernel<FAST><<<nq, kthreads, 0, main_stream>>>(pb.ca, pb.cc, pb.cd, dkt, k, gp, pb.astat, log_atk_scale,
+                                                                  H, NC, C, K, logf(x), eps);
+    precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cd, gp, NC, C, K);
+    precond_fix_bwd_v3_kernel<FAST><<<nq, kthreads, 0, main_stream>>>(dk, dgp, dbp, pb.cb, dkt, k, gp, bp, pb.astat, log_atk_scale,
+                                                                H, NC, C, K, logf(x), eps);
+    precond_dc_kernel<<<H, 256, 0, main_stream>>>(dlas, pb.cc, B, H, NC);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------
+// v4: a warp per chunk in every pass (2026-12-01). The forward's pass 1 and the backward's pass 3 are the trainer's
+// (precond_end_kernel, precond_fix_bwd_kernel); these two were slower than v5's thread per channel and stay here
+
+// forward pass 3: from the chunk-start value carry, the recurrence again: astat (hm fp32), k̃ (hm floatX)
+template <int CPT>
+__global__ void __launch_bounds__(32 * PC_WARPS, PC_MIN_BLOCKS(CPT)) precond_fix_v4_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ carry,
+                                   const floatX* __restrict__ k, const float* __restrict__ gp, const float* __restrict__ bp,
+                                   const floatX* __restrict__ log_atk_scale, long nq, int H, int NC, int C, int K, float lnx,
+                                   float eps) {
+    long q = (long)blockIdx.x * PC_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (q >= nq) { return; }
+    float a[CPT], cs = tof(log_atk_scale[(q / NC) % H]);
+    #pragma unroll
+    for (int c = 0; c < CPT; c++) { a[c] = lane + 32 * c < K ? carry[q * K + lane + 32 * c] : 0.0f; }
+    #pragma unroll 2
+    for (int i = 0; i < C; i++) {
+        long row = q * C + i;
+        float d = __expf(gp[row]), b = bp[row];
+        #pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int j = lane + 32 * c;
+            if (j < K) {
+                float kj = tof(k[row * K + j]), inv;
+                a[c] = d * a[c] + b * kj * kj;
+                astat[row * K + j] = a[c];
+                kt[row * K + j] = fromf<floatX>(precond_key_scale(a[c], cs, lnx, eps, &inv) * kj);
+            }
+        }
+    }
+}
+// backward pass 1 (reverse, from zero at the chunk end): cfirst (nq, K) = the local abar at the chunk's first row;
+// dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (warp sum, fixed order); cdl (nq) = exp(Σ gP over the
+// chunk's rows after the first): the decay from its first row to its end
+template <int CPT>
+__global__ void __launch_bounds__(32 * PC_WARPS, PC_MIN_BLOCKS(CPT)) precond_first_bwd_v4_kernel(float* __restrict__ cfirst, float* __restrict__ dcp, float* __restrict__ cdl,
+                                         const float* __restrict__ dkt, const floatX* __restrict__ k,
+                                         const float* __restrict__ gp, const float* __restrict__ astat,
+                                         const floatX* __restrict__ log_atk_scale, long nq, int H, int NC, int C, int K,
+                                         float lnx, float eps) {
+    long q = (long)blockIdx.x * PC_WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x % 32;
+    if (q >= nq) { return; }
+    float acc[CPT], dcs = 0.0f, G1 = 0.0f, dn = 0.0f, cs = tof(log_atk_scale[(q / NC) % H]); // dn: the next row's decay
+    #pragma unroll
+    for (int c = 0; c < CPT; c++) { acc[c] = 0.0f; }
+    #pragma unroll 2
+    for (int i = C - 1; i >= 0; i--) {
+        long row = q * C + i;
+        #pragma unroll
+        for (int c = 0; c < CPT; c++) {
+            int j = lane + 32 * c;
+            if (j < K) {
+                float m, dr, u = precond_key_grad(astat[row * K + j], tof(k[row * K + j]), dkt[row * K + j], cs, lnx, eps,
+                                                  &m, &dr);
+                dcs -= dr;
+                acc[c] = u + dn * acc[c];
+            }
+        }
+        float g = gp[row];
+        if (i > 0) { G1 += g; }
+        dn = __expf(g);
+    }
+    #pragma unroll
+    for (int c = 0; c < CPT; c++) { if (lane + 32 * c < K) { cfirst[q * K + lane + 32 * c] = acc[c]; } }
+    dcs = warp_sum(dcs);
+    if (lane == 0) { dcp[q] = dcs; cdl[q] = __expf(G1); }
+}
+static void precond_diag_forward_v4(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
+                                    const floatX* log_atk_scale, int B, int H, int NC, int C, int K, float x, float eps) {
+    long nq = (long)B * H * NC;
+    PRECOND_PASS(precond_end_kernel, nq, K, pb.ca, pb.cc, k, gp, bp, nq, C, K);
+    precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, nullptr, nullptr, NC, K);
+    PRECOND_PASS(precond_fix_v4_kernel, nq, K, kt, pb.astat, pb.cb, k, gp, bp, log_atk_scale, nq, H, NC, C, K, logf(x), eps);
+    cudaCheck(cudaGetLastError());
+}
+static void precond_diag_backward_v4(float* dk, float* dgp, float* dbp, float* dlas, const PrecondBufs& pb, const float* dkt,
+                                     const floatX* k, const float* gp, const float* bp, const floatX* log_atk_scale, int B,
+                                     int H, int NC, int C, int K, float x, float eps) {
+    long nq = (long)B * H * NC;
+    PRECOND_PASS(precond_first_bwd_v4_kernel, nq, K, pb.ca, pb.cc, pb.cd, dkt, k, gp, pb.astat, log_atk_scale, nq, H, NC, C,
+                 K, logf(x), eps);
+    precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cd, gp, NC, C, K);
+    PRECOND_PASS(precond_fix_bwd_kernel, nq, K, dk, dgp, dbp, pb.cb, dkt, k, gp, bp, pb.astat, log_atk_scale, nq, H, NC, C,
+                 K, logf(x), eps);
+    precond_dc_kernel<<<H, 256, 0, main_stream>>>(dlas, pb.cc, B, H, NC);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------
+// buffers and the versions' launch sequences
 
 struct PcDev {
     ChunkShape s;
@@ -269,6 +528,11 @@ static void pc_forward(PcDev& d, int v) {
         cudaCheck(cudaGetLastError());
     } else if (v == 2) {
         precond_diag_forward_v2(d.kt, d.pb, d.loc, d.gpc, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
+    } else if (v == 3 || v == 5) {
+        auto fwd = v == 3 ? precond_diag_forward_v3<false> : precond_diag_forward_v3<true>;
+        fwd(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
+    } else if (v == 4) {
+        precond_diag_forward_v4(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
     } else {
         lab_precond_diag_forward(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
     }
@@ -279,11 +543,18 @@ static void pc_backward(PcDev& d, int v) {
         int kthreads = std::max(32, (s.K + 31) / 32 * 32);
         precond_backward_seq_kernel<<<s.B * s.H, kthreads, 0, main_stream>>>(d.dk, d.dgp, d.dbp, d.dcs, d.dkt, d.k, d.gp, d.bp,
                                                                              d.pb.astat, d.las, s.H, s.Tp, s.K, logf(PC_X), PC_EPS);
-        precond_dc_kernel<<<1, 32 * cdiv(s.H, 32), 0, main_stream>>>(d.dlas, d.dcs, s.B, s.H, 1);
+        precond_dc_kernel<<<s.H, 256, 0, main_stream>>>(d.dlas, d.dcs, s.B, s.H, 1);
         cudaCheck(cudaGetLastError());
     } else if (v == 2) {
         precond_diag_backward_v2(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.loc, d.gpc, d.dkt, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC,
                                  s.C, s.K, PC_X, PC_EPS);
+    } else if (v == 3 || v == 5) {
+        auto bwd = v == 3 ? precond_diag_backward_v3<false> : precond_diag_backward_v3<true>;
+        bwd(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K,
+            PC_X, PC_EPS);
+    } else if (v == 4) {
+        precond_diag_backward_v4(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K,
+                                 PC_X, PC_EPS);
     } else {
         lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
     }
