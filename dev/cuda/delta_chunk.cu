@@ -23,7 +23,8 @@ inputs as the device sees them (already rounded to floatX).
 
 Validation: B=2, H=2, T=200 (the last chunk of 64 is partial: 8 tokens), K=V=64 and K=V=128, every decay, one
 and two keys, plus chunks of 32 and 16 at K=V=128 (the tile loops of the fused kernels at other --chunk values);
-outputs o and gradients dq, dk, dkt, dv, dbeta, dg compared by relative L2 error.
+outputs o and gradients dq, dk, dkt (two keys only: with one it is folded into dk and not written), dv, dbeta, dg
+compared by relative L2 error.
 Tolerances. fp32 build: 1e-4 (fp32 throughout, no TF32; the chunk form and the token form agree to rounding).
 bf16 build: 2e-2. Every tensor the chunk algorithm stores between kernels (X, Y, Qg, Kd, P, Tinv, W, U, V', the
 chunk-start states, dP/dM, dW/dX/dY, dV', dstates) is rounded to bf16 (unit roundoff 2^-9 = 2e-3, rms relative
