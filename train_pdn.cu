@@ -1586,7 +1586,8 @@ __device__ __forceinline__ float precond_key_scale(float a, float c, float lnx, 
 }
 // forward pass 1: cend (nq, K) = the chunk's scan from zero at its last row, cdec (nq) = exp(Σ gP over the chunk)
 template <int CPT>
-__global__ void __launch_bounds__(32 * PC_WARPS, PC_MIN_BLOCKS(CPT)) precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k,
+__global__ void __launch_bounds__(32 * PC_WARPS, PC_MIN_BLOCKS(CPT))
+precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const floatX* __restrict__ k,
                                    const float* __restrict__ gp, const float* __restrict__ bp, long nq, int C, int K) {
     long q = (long)blockIdx.x * PC_WARPS + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -1695,7 +1696,8 @@ __global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, c
 // backward pass 3 (reverse, from incoming): abar_t = dr_t / (a_t + eps) + d_{t+1} abar_{t+1};
 // dk += g m + 2 betaP k abar; per token dgP = d_t Σ_j abar a_{t-1}, dbetaP = Σ_j abar k² (warp sums)
 template <int CPT>
-__global__ void __launch_bounds__(32 * PC_WARPS, PC_MIN_BLOCKS(CPT)) precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
+__global__ void __launch_bounds__(32 * PC_WARPS, PC_MIN_BLOCKS(CPT))
+precond_fix_bwd_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
                                        const float* __restrict__ incoming, const float* __restrict__ dkt,
                                        const floatX* __restrict__ k, const float* __restrict__ gp,
                                        const float* __restrict__ bp, const float* __restrict__ astat,
