@@ -1611,12 +1611,16 @@ precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const flo
     for (int c = 0; c < CPT; c++) { if (lane + 32 * c < K) { cend[q * K + lane + 32 * c] = a[c]; } }
     if (lane == 0) { cdec[q] = __expf(G); }
 }
-// forward pass 2: carry[q] = a at the start of chunk q (from a0 or 0); a_final optional (may equal a0)
-__global__ void precond_carry_kernel(float* carry, const float* cend, const float* cdec, const float* a0, float* a_final,
-                                     int NC, int K) {
+// forward pass 2: carry[q] = a at the start of chunk q (from a0 or 0); a_final optional (may equal a0). The loads do
+// not depend on the chain (restrict, unrolled), so only the multiply-adds are sequential: with one block per head and
+// hundreds of chunks (long sequences, small batches) the loop was a chain of dependent global loads (~100 us at
+// B = 1, T = 16384)
+__global__ void precond_carry_kernel(float* __restrict__ carry, const float* __restrict__ cend,
+                                     const float* __restrict__ cdec, const float* a0, float* a_final, int NC, int K) {
     int bh = blockIdx.x, j = threadIdx.x;
     if (j >= K) { return; }
     float a = a0 ? a0[(long)bh * K + j] : 0.0f;
+    #pragma unroll 16
     for (int c = 0; c < NC; c++) {
         long q = (long)bh * NC + c;
         carry[q * K + j] = a;
@@ -1681,12 +1685,14 @@ __global__ void precond_first_bwd_kernel(float* __restrict__ cfirst, float* __re
     float tot = block_sum(j < K ? dcs : 0.0f);
     if (threadIdx.x == 0) { dcp[q] = tot; cdl[q] = __expf(G1); }
 }
-// backward pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse
-__global__ void precond_carry_bwd_kernel(float* incoming, const float* cfirst, const float* cdl, const float* gp, int NC,
-                                            int C, int K) {
+// backward pass 2: incoming[q] = d_{first row of q+1} abar_{first row of q+1}, walking the chunks in reverse (the
+// loads off the chain, as in the forward's pass 2)
+__global__ void precond_carry_bwd_kernel(float* __restrict__ incoming, const float* __restrict__ cfirst,
+                                         const float* __restrict__ cdl, const float* __restrict__ gp, int NC, int C, int K) {
     int bh = blockIdx.x, j = threadIdx.x;
     if (j >= K) { return; }
     float in = 0.0f;
+    #pragma unroll 16
     for (int c = NC - 1; c >= 0; c--) {
         long q = (long)bh * NC + c;
         incoming[q * K + j] = in;
