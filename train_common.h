@@ -39,6 +39,7 @@ batches, the held-out batches, the saved position) with the tokenizer-side helpe
     X(L, seed,          NULL, "--seed",         "1337", "seed for init, data and sampling") \
     X(S, mixer,         NULL, "--mixer",        "chunk","mixer form: chunk (SPEC §4) | token (SPEC §3)") \
     X(I, chunk,         NULL, "--chunk",        "64",   "chunk size of the chunkwise mixer") \
+    X(I, recompute,     NULL, "--recompute",    "0",    "GPU trainer: 1 runs each layer's forward again in the backward (~1/3 more compute, one layer's activations)") \
     X(I, val_every,     "-v", "--val-every",    "250",  "evaluate held-out loss/accuracy every N steps (0: only at the end)") \
     X(I, val_batches,   "-m", "--val-batches",  "8",    "held-out batches per evaluation (text: the first N of -j; -1: all of it)") \
     X(I, gen_tokens,    "-g", "--gen-tokens",   "64",   "tokens per sample (-s)") \
@@ -210,6 +211,7 @@ static void train_config_check(TrainConfig* tc, int nproc) {
     else if (strcmp(tc->mixer, "token") == 0) { tc->chunk_form = 0; }
     else { fail(EXIT_USAGE, "--mixer must be chunk or token, got '%s'", tc->mixer); }
     if (tc->chunk < 1 || tc->chunk > 1024) { fail(EXIT_USAGE, "--chunk must be in 1..1024"); }
+    if (tc->recompute != 0 && tc->recompute != 1) { fail(EXIT_USAGE, "--recompute must be 0 or 1"); }
     if (tc->val_every < 0 || tc->val_batches < -1 || tc->ckpt_every < 0 || tc->gen_tokens < 0 || tc->generate < 0 ||
         tc->sample_every < 0) {
         fail(EXIT_USAGE, "-v, -m, -n, -g, -s and --generate must be >= 0 (-m -1: the whole validation split)");

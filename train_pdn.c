@@ -1606,6 +1606,7 @@ int main(int argc, char** argv) {
     int sample_start = tc.sample_every ? tok->eot_id : -1;
     if (tc.sample_every && sample_start < 0) { fail(EXIT_USAGE, "-s: the tokenizer has no <|endoftext|> token to start samples from"); }
     print_config_box(&mc, &tc, &m.lay, device, REAL_DTYPE);
+    if (tc.recompute) { printf("--recompute 1: the CPU reference keeps every layer's activations (the flag is train_pdncu's)\n"); }
     Logger lg;
     if (tc.out_dir[0]) { ensure_dir(tc.out_dir); }
     logger_init(&lg, tc.out_dir, start_step > 0);

@@ -94,6 +94,11 @@ template <int NV> __device__ __forceinline__ void ldvf(float* d, const float* p)
         d[4 * q] = a.x; d[4 * q + 1] = a.y; d[4 * q + 2] = a.z; d[4 * q + 3] = a.w;
     }
 }
+template <int NV> __device__ __forceinline__ void ldvx(float* d, const floatX* p) { // NV floatX as fp32
+    XV<NV> x = *(const XV<NV>*)p;
+    #pragma unroll
+    for (int u = 0; u < NV; u++) { d[u] = tof(x.v[u]); }
+}
 template <int NV> __device__ __forceinline__ void stvf(float* p, const float* s) {
     #pragma unroll
     for (int q = 0; q < NV / 4; q++) { *(float4*)(p + 4 * q) = make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]); }
@@ -156,9 +161,13 @@ struct Arena {
     void* mem = nullptr;
     size_t bytes = 0;
     template <typename T> void add(T** p, size_t count) { items.push_back({(void**)p, count * sizeof(T)}); }
+    size_t pending() const { // the bytes of what has been added so far (each tensor 256-byte aligned)
+        size_t n = 0;
+        for (auto& it : items) { n += (it.second + 255) / 256 * 256; }
+        return n;
+    }
     void alloc() {
-        bytes = 0;
-        for (auto& it : items) { bytes += (it.second + 255) / 256 * 256; }
+        bytes = pending();
         cudaCheck(cudaMalloc(&mem, bytes ? bytes : 256));
         cudaCheck(cudaMemset(mem, 0, bytes ? bytes : 256));
         char* p = (char*)mem;
@@ -400,6 +409,19 @@ static void colsum_add(float* out, const float* mat, long N, int M) {
 
 // RMSNorm (SPEC §2), optionally fused with the residual add: resid_out = a + b (if b), out = RMSNorm(resid) * w.
 // One warp per row; VEC: lanes over 16-byte vectors (C % XVEC == 0 and aligned rows), else over single elements.
+// one row of the output from its input x (C) and its rstd r, by the warp's lanes
+template <bool VEC>
+__device__ __forceinline__ void rmsnorm_row_apply(floatX* out, const floatX* x, const floatX* w, float r, int C, int lane) {
+    const int W = VEC ? XVEC : 1;
+    for (int c = lane * W; c < C; c += 32 * W) {
+        XPack xv, ww, o;
+        if (VEC) { xv = *(const XPack*)(x + c); ww = *(const XPack*)(w + c); }
+        else { xv.v[0] = x[c]; ww.v[0] = w[c]; }
+        #pragma unroll
+        for (int k = 0; k < W; k++) { o.v[k] = fromf<floatX>(tof(xv.v[k]) * r * tof(ww.v[k])); }
+        if (VEC) { *(XPack*)(out + c) = o; } else { out[c] = o.v[0]; }
+    }
+}
 template <bool VEC>
 __global__ void rmsnorm_forward_kernel(floatX* resid_out, floatX* out, float* rstd, const floatX* a, const floatX* b,
                                        const floatX* w, int N, int C, float eps) {
@@ -426,21 +448,27 @@ __global__ void rmsnorm_forward_kernel(floatX* resid_out, floatX* out, float* rs
     ss = warp_sum(ss);
     float r = rsqrtf(ss / C + eps);
     if (lane == 0) { rstd[row] = r; }
-    const floatX* src = b ? resid_out : a;
-    for (int c = lane * W; c < C; c += 32 * W) {
-        XPack x, ww, o;
-        if (VEC) { x = *(const XPack*)(src + base + c); ww = *(const XPack*)(w + c); }
-        else { x.v[0] = src[base + c]; ww.v[0] = w[c]; }
-        #pragma unroll
-        for (int k = 0; k < W; k++) { o.v[k] = fromf<floatX>(tof(x.v[k]) * r * tof(ww.v[k])); }
-        if (VEC) { *(XPack*)(out + base + c) = o; } else { out[base + c] = o.v[0]; }
-    }
+    rmsnorm_row_apply<VEC>(out + base, b ? resid_out + base : a + base, w, r, C, lane);
 }
 static void rmsnorm_forward(floatX* resid_out, floatX* out, float* rstd, const floatX* a, const floatX* b, const floatX* w,
                             long N, int C, float eps) {
     bool vec = C % XVEC == 0 && aligned16(out) && aligned16(a) && aligned16(w) && (!b || (aligned16(b) && aligned16(resid_out)));
     if (vec) { rmsnorm_forward_kernel<true><<<cdiv(N, 8), 256, 0, main_stream>>>(resid_out, out, rstd, a, b, w, (int)N, C, eps); }
     else { rmsnorm_forward_kernel<false><<<cdiv(N, 8), 256, 0, main_stream>>>(resid_out, out, rstd, a, b, w, (int)N, C, eps); }
+    cudaCheck(cudaGetLastError());
+}
+// out = the norm's output again from the stored (rounded) input and rstd: bit-identical to the forward's, so the
+// backward needs no per-layer copy of ln1 and ln2 (2 x (N, d) floatX per layer)
+template <bool VEC>
+__global__ void rmsnorm_apply_kernel(floatX* out, const floatX* x, const float* rstd, const floatX* w, int N, int C) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= N) { return; }
+    rmsnorm_row_apply<VEC>(out + (long)row * C, x + (long)row * C, w, rstd[row], C, lane);
+}
+static void rmsnorm_apply(floatX* out, const floatX* x, const float* rstd, const floatX* w, long N, int C) {
+    bool vec = C % XVEC == 0 && aligned16(out) && aligned16(x) && aligned16(w);
+    if (vec) { rmsnorm_apply_kernel<true><<<cdiv(N, 8), 256, 0, main_stream>>>(out, x, rstd, w, (int)N, C); }
+    else { rmsnorm_apply_kernel<false><<<cdiv(N, 8), 256, 0, main_stream>>>(out, x, rstd, w, (int)N, C); }
     cudaCheck(cudaGetLastError());
 }
 
@@ -616,8 +644,9 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
 // Fused short convolution + SiLU (+ L2 norm over the head) for the mixer's q, k (norm) and v (no norm). One block of
 // 256 threads per (b, h, tile of CONV_TR tokens): the tile's inputs and the cs-1 before it are staged in shared
 // memory with all loads in flight at once, then each warp takes tokens (independent of each other: no serial chain
-// through time), lanes over the head's D channels (lane, lane+32, ...). pre (token-major floatX) keeps the conv
-// output for the backward; out is head-major padded. pre[t] = Σ_j w[cs-1-j] z[t-j].
+// through time), lanes over the head's D channels (lane, lane+32, ...). pre[t] = Σ_j w[cs-1-j] z[t-j], the conv
+// output (token-major floatX), is written only if pre is given (the kernel lab checks it; the trainer's backward
+// makes it again from z, bit for bit, instead of storing it); out is head-major padded.
 #define CONV_TR 64
 #define CONV_CS_MAX 4    // the SPEC's kernel size; larger ones are refused on the GPU
 #define CONV_THREADS 256
@@ -673,7 +702,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_kernel(floatX*
             float acc = 0.0f;
             for (int j = 0; j < cs; j++) { acc += ws[c * cs + cs - 1 - j] * tof(zs[(t - t0 + cs - 1 - j) * D + c]); }
             floatX px = fromf<floatX>(acc);
-            pre[it + c] = px;
+            if (pre) { pre[it + c] = px; }
             float p = tof(px);
             o[u] = tof(fromf<floatX>(p * sigmoidf_(p))); // rounded like the unfused SiLU output
             ss += o[u] * o[u];
@@ -695,7 +724,9 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_kernel(floatX*
 
 // Backward of the above, same tiles: dy (head-major fp32, the gradient of out). Phase 1, a warp per token (the tile
 // and the cs-1 tokens after it, a recomputed halo): with norm the L2 norm's backward dx = rstd (scale dy - out (dy·out)
-// / scale), then dpre = dx silu'(pre), into shared memory. Phase 2, a thread per (channel, token group):
+// / scale), then dpre = dx silu'(pre), into shared memory. pre is read if given, else made again from the staged z
+// (the tile's z and the cs-1 rows before and after it) exactly as the forward rounds it: a (N, D) floatX tensor per
+// call less to store and to read. Phase 2, a thread per (channel, token group):
 // dz[s] = Σ_j w[cs-1-j] dpre[s+j] (token-major floatX, for the projection's backward) and the weight gradient
 // dw[cs-1-j] = Σ_t dpre[t] z[t-j], summed over the tile in a fixed order into partial (B * tiles, Ch * cs).
 template <int CPL>
@@ -709,12 +740,14 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
     int nr = CONV_TR + cs - 1;
     float* dps = conv_smem;                        // (nr, D): dpre[t0 + r], zero at and after T
     float* ws = dps + nr * D;                      // (D, cs)
-    floatX* zs = (floatX*)(ws + D * cs);           // (nr, D): z[t0 - cs + 1 + r]
+    floatX* zs = (floatX*)(ws + D * cs);           // (nr + cs - 1, D): z[t0 - cs + 1 + r]
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = CONV_THREADS / 32;
     int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
     int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR);
-    conv_stage(zs, z, nullptr, b, T, Ch, h * D, D, t0 - (cs - 1), nr, t1, cs);
+    // with pre: rows ta .. t1-1 for the weight gradient; without: up to the halo's last row for phase 1 too
+    conv_stage(zs, z, nullptr, b, T, Ch, h * D, D, t0 - (cs - 1), pre ? nr : nr + cs - 1, pre ? t1 : T, cs);
     for (int i = threadIdx.x; i < D * cs; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * cs + i]); }
+    if (!pre) { __syncthreads(); } // phase 1 reads zs and ws
     // two tokens per warp at a time: both tokens' loads are in flight together
     for (int r0 = warp; r0 < nr; r0 += 2 * nw) {
         float dyv[2][CPL], ov[2][CPL], pv[2][CPL], dot[2], rr[2];
@@ -731,7 +764,12 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
                 bool in = ok && c < D;
                 dyv[p][u] = in ? dy[ob + c] : 0.0f;
                 ov[p][u] = (in && norm) ? tof(out[ob + c]) : 0.0f;
-                pv[p][u] = in ? tof(pre[tb + c]) : 0.0f;
+                if (pre) { pv[p][u] = in ? tof(pre[tb + c]) : 0.0f; }
+                else if (in) {
+                    float acc = 0.0f; // the forward's sum, in its order
+                    for (int j = 0; j < cs; j++) { acc += ws[c * cs + cs - 1 - j] * tof(zs[(r + cs - 1 - j) * D + c]); }
+                    pv[p][u] = tof(fromf<floatX>(acc));
+                } else { pv[p][u] = 0.0f; }
                 dot[p] += dyv[p][u] * ov[p][u];
             }
         }
@@ -787,8 +825,8 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
 static size_t conv_smem_forward(int D, int cs) {
     return (size_t)D * cs * sizeof(float) + (size_t)(CONV_TR + cs - 1) * D * sizeof(floatX);
 }
-static size_t conv_smem_backward(int D, int cs) {
-    return (size_t)((CONV_TR + cs - 1) * D + D * cs) * sizeof(float) + (size_t)(CONV_TR + cs - 1) * D * sizeof(floatX);
+static size_t conv_smem_backward(int D, int cs) { // zs: room for the halo's z when pre is made again
+    return (size_t)((CONV_TR + cs - 1) * D + D * cs) * sizeof(float) + (size_t)(CONV_TR + 2 * (cs - 1)) * D * sizeof(floatX);
 }
 
 static void conv_norm_forward_tiles(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
@@ -881,7 +919,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forwa
             r = rsqrtf(ss + L2NORM_EPS_F);
         }
         if (!ok) { continue; }
-        *(XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0) = px;
+        if (pre) { *(XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0) = px; }
         if (norm && g == 0) { rstd[((long)b * T + t) * H + h] = r; }
         XV<NV> ov;
         #pragma unroll
@@ -900,14 +938,20 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
     extern __shared__ float conv_smem[];
     int nr = CONV_TR + CS - 1;
     float* dps = conv_smem;                        // (nr, D): dpre[t0 + r], zero at and after T; then the dw sums
-    float* ws = dps + nr * D;                      // (D, CS)
-    floatX* zs = (floatX*)(ws + D * CS);           // (nr, D): z[t0 - CS + 1 + r]
+    // (D, CS) unused here: the taps live in registers; the layout is conv_smem_backward's
+    floatX* zs = (floatX*)(dps + nr * D + D * CS); // (nr + CS - 1, D): z[t0 - CS + 1 + r]
     int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
     int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR);
-    conv_stage(zs, z, nullptr, b, T, Ch, h * D, D, t0 - (CS - 1), nr, t1, CS);
-    for (int i = threadIdx.x; i < D * CS; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * CS + i]); }
+    conv_stage(zs, z, nullptr, b, T, Ch, h * D, D, t0 - (CS - 1), pre ? nr : nr + CS - 1, pre ? t1 : T, CS); // as above
     int ng = D / NV, g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = NV * g;
-    // phase 1: dpre of the tile and the CS-1 tokens after it (rows at or after T: zero)
+    float wr[NV][CS]; // this thread's taps (the forward's values: floatX weights as fp32)
+    #pragma unroll
+    for (int u = 0; u < NV; u++) {
+        #pragma unroll
+        for (int k = 0; k < CS; k++) { wr[u][k] = tof(w[((long)h * D + c0 + u) * CS + k]); }
+    }
+    if (!pre) { __syncthreads(); } // phase 1 reads zs
+    // phase 1: dpre of the tile and the CS-1 tokens after it (rows at or after T: zero); pre read or made again
     int iters = (nr + nrun - 1) / nrun;
     for (int it = 0; it < iters; it++) {
         int r = run + it * nrun, t = t0 + r;
@@ -918,7 +962,21 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
         if (ok) {
             long ob = (((long)b * H + h) * Tp + t) * D + c0;
             ldvf<NV>(dyv, dy + ob);
-            XV<NV> xo = *(const XV<NV>*)(out + ob), xp = *(const XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0);
+            XV<NV> xo = *(const XV<NV>*)(out + ob), xp;
+            if (pre) { xp = *(const XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0); }
+            else {
+                float acc[NV];
+                #pragma unroll
+                for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
+                #pragma unroll
+                for (int j = 0; j < CS; j++) { // the forward's sum, in its order
+                    XV<NV> zr = *(const XV<NV>*)(zs + (r + CS - 1 - j) * D + c0);
+                    #pragma unroll
+                    for (int u = 0; u < NV; u++) { acc[u] += wr[u][CS - 1 - j] * tof(zr.v[u]); }
+                }
+                #pragma unroll
+                for (int u = 0; u < NV; u++) { xp.v[u] = fromf<floatX>(acc[u]); }
+            }
             #pragma unroll
             for (int u = 0; u < NV; u++) {
                 ov[u] = norm ? tof(xo.v[u]) : 0.0f;
@@ -940,11 +998,11 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
     }
     __syncthreads();
     // phase 2: dz[s] = Σ_j w[CS-1-j] dpre[s+j] and the tap sums dwr[j] = Σ_s dpre[s] z[s-j], as v2 orders them
-    float wr[NV][CS], dwr[NV][CS];
+    float dwr[NV][CS];
     #pragma unroll
     for (int u = 0; u < NV; u++) {
         #pragma unroll
-        for (int k = 0; k < CS; k++) { wr[u][k] = ws[(c0 + u) * CS + k]; dwr[u][k] = 0.0f; }
+        for (int k = 0; k < CS; k++) { dwr[u][k] = 0.0f; }
     }
     for (int s = t0 + run; s < t1; s += nrun) {
         int r = s - t0;
@@ -1122,9 +1180,10 @@ static void gate_backward(floatX* dpre, int ld, float* dpre_f, float* alog_el, f
 }
 
 // Output norm (RMSNorm over V, weight shared by the heads) and optional sigmoid gate (SPEC §3.8).
-// o: mixer output head-major fp32; on (B*T, H*V) floatX normalised; og = on ⊙ sigmoid(gz) (or on) floatX.
+// o: mixer output head-major floatX; og = on ⊙ sigmoid(gz) (B*T, H*V) floatX, W_o's input. Ungated, og is on itself
+// (pass on = og); gated, on is not stored (on = nullptr): the backward makes it again from o and rstd, bit for bit.
 // One warp per (b, t, h).
-__global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, const float* o, const floatX* w,
+__global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, const floatX* o, const floatX* w,
                                           const floatX* gz, int B, int T, int H, int V, int Tp, float eps) {
     long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -1132,15 +1191,15 @@ __global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, c
     int h = (int)(row % H);
     long bt = row / H;
     int t = (int)(bt % T), b = (int)(bt / T);
-    const float* x = o + (((long)b * H + h) * Tp + t) * V;
+    const floatX* x = o + (((long)b * H + h) * Tp + t) * V;
     float ss = 0.0f;
-    for (int j = lane; j < V; j += 32) { ss += x[j] * x[j]; }
+    for (int j = lane; j < V; j += 32) { ss += tof(x[j]) * tof(x[j]); }
     ss = warp_sum(ss);
     float r = rsqrtf(ss / V + eps);
     if (lane == 0) { rstd[row] = r; }
     for (int j = lane; j < V; j += 32) {
-        floatX n = fromf<floatX>(x[j] * r * tof(w[j]));
-        on[row * V + j] = n;
+        floatX n = fromf<floatX>(tof(x[j]) * r * tof(w[j]));
+        if (on) { on[row * V + j] = n; }
         if (gz) { og[row * V + j] = fromf<floatX>(tof(n) * sigmoidf_(tof(gz[row * V + j]))); }
     }
 }
@@ -1151,7 +1210,7 @@ __global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, c
 // 64, the final sum over 4096 partial rows of only V = 128 columns took 33 us per layer (4 blocks doing all of it).
 #define ONORM_ROWS 256
 __global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __restrict__ dgz, float* __restrict__ dgz_f, float* __restrict__ partial, const float* __restrict__ dog,
-                                           const float* __restrict__ o, const floatX* __restrict__ on, const floatX* __restrict__ w, const floatX* __restrict__ gz,
+                                           const floatX* __restrict__ o, const floatX* __restrict__ w, const floatX* __restrict__ gz,
                                            const float* __restrict__ rstd, int B, int T, int H, int V, int Tp) {
     __shared__ float wsum[8][256 + 1]; // per warp, per column (V <= 256)
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
@@ -1167,20 +1226,21 @@ __global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __re
             float dn = dog[row * V + j];
             if (gz) {
                 float s = sigmoidf_(tof(gz[row * V + j]));
-                float dz = dn * tof(on[row * V + j]) * s * (1.0f - s);
+                float on_j = tof(fromf<floatX>(tof(o[hb + j]) * r * tof(w[j]))); // the forward's rounded on
+                float dz = dn * on_j * s * (1.0f - s);
                 dgz[row * V + j] = fromf<floatX>(dz);
                 dgz_f[row * V + j] = dz;
                 dn *= s;
             }
-            dot += dn * tof(w[j]) * o[hb + j];
+            dot += dn * tof(w[j]) * tof(o[hb + j]);
         }
         dot = warp_sum(dot);
         float k = r * r * r * dot / V;
         for (int j = lane; j < V; j += 32) {
             float dn = dog[row * V + j];
             if (gz) { dn *= sigmoidf_(tof(gz[row * V + j])); }
-            dO[hb + j] = fromf<floatX>(r * dn * tof(w[j]) - k * o[hb + j]);
-            wsum[warp][j] += dn * o[hb + j] * r;
+            dO[hb + j] = fromf<floatX>(r * dn * tof(w[j]) - k * tof(o[hb + j]));
+            wsum[warp][j] += dn * tof(o[hb + j]) * r;
         }
     }
     __syncthreads();
@@ -1196,7 +1256,7 @@ __global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __re
 // in flight (the loops above read the fp32 o twice, 4 bytes per lane at a time: ~2.3 TB/s at the 340m shape). The
 // backward's per-warp o_norm sums stay in shared memory (each lane owns its columns), then the warps in fixed order.
 template <int NPL>
-__global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rstd, const float* o, const floatX* w,
+__global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rstd, const floatX* o, const floatX* w,
                                               const floatX* gz, int B, int T, int H, int V, int Tp, float eps) {
     long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
@@ -1204,11 +1264,11 @@ __global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rst
     int h = (int)(row % H);
     long bt = row / H;
     int t = (int)(bt % T), b = (int)(bt / T);
-    const float* x = o + (((long)b * H + h) * Tp + t) * V; // (V) of the head-major o
+    const floatX* x = o + (((long)b * H + h) * Tp + t) * V; // (V) of the head-major o
     float xv[NPL][4], ss = 0.0f;
     #pragma unroll
     for (int k = 0; k < NPL; k++) {
-        ldvf<4>(xv[k], x + 4 * (lane + 32 * k));
+        ldvx<4>(xv[k], x + 4 * (lane + 32 * k));
         #pragma unroll
         for (int u = 0; u < 4; u++) { ss += xv[k][u] * xv[k][u]; }
     }
@@ -1221,7 +1281,7 @@ __global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rst
         XV<4> wx = *(const XV<4>*)(w + c), n;
         #pragma unroll
         for (int u = 0; u < 4; u++) { n.v[u] = fromf<floatX>(xv[k][u] * r * tof(wx.v[u])); }
-        *(XV<4>*)(on + row * V + c) = n;
+        if (on) { *(XV<4>*)(on + row * V + c) = n; }
         if (gz) {
             XV<4> g = *(const XV<4>*)(gz + row * V + c), y;
             #pragma unroll
@@ -1233,8 +1293,7 @@ __global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rst
 template <int NPL>
 __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* __restrict__ dgz, float* __restrict__ dgz_f,
                                                float* __restrict__ partial, const float* __restrict__ dog,
-                                               const float* __restrict__ o, const floatX* __restrict__ on,
-                                               const floatX* __restrict__ w, const floatX* __restrict__ gz,
+                                               const floatX* __restrict__ o, const floatX* __restrict__ w, const floatX* __restrict__ gz,
                                                const float* __restrict__ rstd, int B, int T, int H, int V, int Tp) {
     __shared__ float wsum[8][NPL * 128]; // (warp, V) the warps' o_norm gradient sums
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
@@ -1255,18 +1314,19 @@ __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* 
         for (int k = 0; k < NPL; k++) {
             int c = 4 * (lane + 32 * k);
             ldvf<4>(dn[k], dog + row * V + c);
-            ldvf<4>(ov[k], o + hb + c);
+            ldvx<4>(ov[k], o + hb + c);
         }
         #pragma unroll
         for (int k = 0; k < NPL; k++) {
             int c = 4 * (lane + 32 * k);
             if (gz) {
-                XV<4> g = *(const XV<4>*)(gz + row * V + c), nn = *(const XV<4>*)(on + row * V + c), dzx;
+                XV<4> g = *(const XV<4>*)(gz + row * V + c), dzx;
                 float dz[4];
                 #pragma unroll
                 for (int u = 0; u < 4; u++) {
                     float s = sigmoidf_(tof(g.v[u]));
-                    dz[u] = dn[k][u] * tof(nn.v[u]) * s * (1.0f - s);
+                    float nn = tof(fromf<floatX>(ov[k][u] * r * tof(wx[k].v[u]))); // the forward's rounded on
+                    dz[u] = dn[k][u] * nn * s * (1.0f - s);
                     dzx.v[u] = fromf<floatX>(dz[u]);
                     dn[k][u] *= s;
                 }
@@ -1301,7 +1361,7 @@ __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* 
     }
 }
 // launchers: the vector kernels where V allows (the arena aligns every buffer; V % 128 keeps each row aligned)
-static void onorm_gate_forward(floatX* on, floatX* og, float* rstd, const float* o, const floatX* w, const floatX* gz,
+static void onorm_gate_forward(floatX* on, floatX* og, float* rstd, const floatX* o, const floatX* w, const floatX* gz,
                                int B, int T, int H, int V, int Tp, float eps) {
     long rows = (long)B * T * H;
     bool vec = V % 128 == 0 && V <= 256 && aligned16(on) && aligned16(og) && aligned16(o) && aligned16(w) && (!gz || aligned16(gz));
@@ -1311,19 +1371,19 @@ static void onorm_gate_forward(floatX* on, floatX* og, float* rstd, const float*
     cudaCheck(cudaGetLastError());
 }
 // dO, dgz (+ dgz_f), and dw += the o_norm weight's gradient
-static void onorm_gate_backward(floatX* dO, floatX* dgz, float* dgz_f, float* dw, const float* dog, const float* o,
-                                const floatX* on, const floatX* w, const floatX* gz, const float* rstd, int B, int T, int H,
+static void onorm_gate_backward(floatX* dO, floatX* dgz, float* dgz_f, float* dw, const float* dog, const floatX* o,
+                                const floatX* w, const floatX* gz, const float* rstd, int B, int T, int H,
                                 int V, int Tp) {
     int nblk = cdiv((long)B * T * H, ONORM_ROWS);
     float* partial = colsum_partials(nblk, V);
     bool vec = V % 128 == 0 && V <= 256 && aligned16(dO) && aligned16(dog) && aligned16(o) && aligned16(w) &&
-               (!gz || (aligned16(gz) && aligned16(on) && aligned16(dgz) && aligned16(dgz_f)));
+               (!gz || (aligned16(gz) && aligned16(dgz) && aligned16(dgz_f)));
     if (vec && V == 128) {
-        onorm_gate_backward_vec_kernel<1><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, on, w, gz, rstd, B, T, H, V, Tp);
+        onorm_gate_backward_vec_kernel<1><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Tp);
     } else if (vec) {
-        onorm_gate_backward_vec_kernel<2><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, on, w, gz, rstd, B, T, H, V, Tp);
+        onorm_gate_backward_vec_kernel<2><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Tp);
     } else {
-        onorm_gate_backward_kernel<<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, on, w, gz, rstd, B, T, H, V, Tp);
+        onorm_gate_backward_kernel<<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Tp);
     }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nblk, V);
@@ -2317,7 +2377,7 @@ __device__ __forceinline__ uint4 round8_bf16(const float* src) {
 // forward: per chunk, hstate = S; V' = U - W S; O = Qg S + P V'; S = e^G_last ⊙ S + Kdᵀ V'. The output O is made
 // here too (the warps that W S leaves idle take Qg S, kept in registers until P V' is added): no batched GEMMs after.
 // Two blocks per multiprocessor (the 64-register cap) so that the 512 blocks of the 340m shape run in two waves.
-__global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, float* O, const floatX* W,
+__global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, floatX* O, const floatX* W,
                                                                      const floatX* U, const floatX* Kd, const floatX* Qg,
                                                                      const floatX* P, const float* G, const float* S0,
                                                                      float* S_final, ChunkShape s) {
@@ -2450,7 +2510,8 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
             *(uint4*)(Sb + a * SCAN_PADV + c) = o;
             if (more) { *(uint4*)(hstate + ((q + 1) * K + a) * V + v0 + c) = o; }
         }
-        if (own) { // O += P V' (P lower with diagonal: blocks k <= oi), straight to global memory
+        if (own) { // O += P V' (P lower with diagonal: blocks k <= oi), rounded to bf16 through Vt (free until the
+                   // next chunk's W S) and stored with 16-byte accesses
             for (int k = 0; k <= oi; k++) {
                 FragA fa;
                 FragB fb;
@@ -2458,7 +2519,10 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
                 wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * oj, SCAN_PADV);
                 wmma::mma_sync(oacc, fa, fb, oacc);
             }
-            wmma::store_matrix_sync(O + (r0 + 16 * oi) * V + v0 + 16 * oj, oacc, V, wmma::mem_row_major);
+            float* ot = Vt + 16 * oi * SCAN_PADF + 16 * oj;
+            wmma::store_matrix_sync(ot, oacc, SCAN_PADF, wmma::mem_row_major);
+            __syncwarp();
+            *(uint4*)(O + (r0 + 16 * oi + tr) * V + v0 + 16 * oj + tc) = round8_bf16(ot + tr * SCAN_PADF + tc);
         }
         __syncthreads(); // U, Kd and P are free
         if (more) { stage2(r0 + C); }
@@ -3406,7 +3470,7 @@ struct MixerSaved {
     floatX *Tx, *P;                 // (nq, C, C) (I + A)^-1 and the decayed Q̂K̃ᵀ
     floatX *W, *U, *Qg, *Kd, *Vn;   // (rows, K | V)
     floatX* hstate;                 // (nq, K, V) state at each chunk start
-    float* O;                       // (rows, V) mixer output
+    floatX* O;                      // (rows, V) mixer output
 };
 
 // scratch shared by all layers
@@ -3419,6 +3483,7 @@ struct MixerScratch {
     floatX *dPm, *dMm;
     float *dq_s, *dkh_s, *dkt_s;
     PrecondBufs pc;                                 // diagonal preconditioner scan scratch (astat: the layer's)
+    float* Of;                                      // (rows, V) O in fp32 where batched GEMMs make it (bf16, no WMMA scan)
 };
 
 static size_t smem_scores_channel(const ChunkShape& s) { return (size_t)(4 * s.C + 3 * SUB) * (s.K + 1) * sizeof(float); }
@@ -3497,6 +3562,34 @@ static bool scores_scalar_fused(const ChunkShape& s) {
 }
 #endif
 
+// The mixer's kernel plan for a shape: which flavour of each step runs. A function of the shape alone (and of the
+// kernel lab's force flags), so the trainer decides it once, prints it, and allocates only the scratch it needs.
+struct MixerPlan {
+    bool scan_wmma;     // tensor-core state scans that also make O (forward) and Pᵀ dO (backward); else SIMT + GEMMs
+    bool scores_fused;  // scalar / no decay: scores + (I + A)^-1 in one tensor-core kernel, and one for the backward
+    bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
+    bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
+};
+static MixerPlan mixer_plan(const ChunkShape& s) {
+    MixerPlan p{};
+#ifndef ENABLE_FP32 // the fp32 build runs the exact SIMT / FMA kernels everywhere
+    p.scan_wmma = scan_uses_wmma(s);
+    p.scores_fused = scores_scalar_fused(s);
+    p.scores_tc = scores_use_tc(s);
+#endif
+    p.finish_rows = s.gk <= 1 && s.K == 128 && s.V == 128;
+    return p;
+}
+static void mixer_plan_print(const ChunkShape& s) {
+    MixerPlan p = mixer_plan(s);
+    const char* scores = s.gk > 1 ? (p.scores_tc ? "channel-decay scores on tensor cores" : "channel-decay scores by FMA (exact)")
+                                  : (p.scores_fused ? "scores + inverse fused on tensor cores"
+                                                    : "scores by batched GEMMs + mask, blocked inverse");
+    printf("mixer kernels (K %d, V %d, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, s.C,
+           p.scan_wmma ? "state scans on tensor cores (they make O and P^T dO too)" : "SIMT fp32 state scans + batched GEMMs",
+           scores, p.finish_rows ? "a warp per row" : "a block per chunk");
+}
+
 // Forward of the mixer core: Q (q̂ scaled), Kh (k̂), Kt (k̃), Vv, beta, g (null without decay) -> sv->O (and the
 // tensors the backward needs). S0 / S_final (B,H,K,V fp32) optional (generation).
 static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* Q, const floatX* Kh, const floatX* Kt,
@@ -3509,11 +3602,11 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     PROF("mixer.fwd.prep");
     chunk_prep(sv->G, sc->X, sc->Y, sv->Qg, sv->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
     }
-    bool fused = false; // scores and inverse in one kernel
+    MixerPlan p = mixer_plan(s);
+    bool fused = p.scores_fused; // scores and inverse in one kernel
     {
     PROF("mixer.fwd.scores");
 #ifndef ENABLE_FP32
-    fused = scores_scalar_fused(s);
     if (fused) {
         scores_scalar_tc_kernel<<<nq, 256, smem_scores_scalar_tc(C, K), main_stream>>>(sv->Mk, sv->P, sv->Tx, Q, Kh, Kt, sv->G,
                                                                                       beta, s);
@@ -3521,7 +3614,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
 #endif
     if (s.gk > 1) {
 #ifndef ENABLE_FP32
-        if (scores_use_tc(s)) {
+        if (p.scores_tc) {
             scores_channel_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 0).total, main_stream>>>(sv->Mk, sc->A, sv->P, Q, Kh, Kt,
                                                                                              sv->G, beta, s);
         } else
@@ -3543,11 +3636,10 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     bgemm(false, false, C, K, C, sv->Tx, C, CC, sc->X, K, CK, sv->W, false, K, CK, nq, 1.0f, 0.0f);
     bgemm(false, false, C, V, C, sv->Tx, C, CC, sc->Y, V, CV, sv->U, false, V, CV, nq, 1.0f, 0.0f);
     }
-    bool o_done = false; // the tensor-core scan also makes O
+    bool o_done = p.scan_wmma; // the tensor-core scan also makes O
     {
     PROF("mixer.fwd.scan");
 #ifndef ENABLE_FP32
-    o_done = scan_uses_wmma(s);
     if (o_done) {
         state_forward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_FWD, smem_scan_wmma_dir(s, 0), main_stream>>>(
             sv->hstate, sv->Vn, sv->O, sv->W, sv->U, sv->Kd, sv->Qg, sv->P, sv->G, S0, S_final, s);
@@ -3557,10 +3649,12 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
         sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
     cudaCheck(cudaGetLastError());
     }
-    if (!o_done) {
+    if (!o_done) { // O = Qg S + P V' in fp32, then floatX (in the fp32 build O is that fp32 result)
     PROF("mixer.fwd.gemms");
-    bgemm(false, false, C, V, K, sv->Qg, K, CK, sv->hstate, V, KV, sv->O, true, V, CV, nq, 1.0f, 0.0f);
-    bgemm(false, false, C, V, C, sv->P, C, CC, sv->Vn, V, CV, sv->O, true, V, CV, nq, 1.0f, 1.0f);
+    float* Of = sizeof(floatX) == sizeof(float) ? (float*)sv->O : sc->Of;
+    bgemm(false, false, C, V, K, sv->Qg, K, CK, sv->hstate, V, KV, Of, true, V, CV, nq, 1.0f, 0.0f);
+    bgemm(false, false, C, V, C, sv->P, C, CC, sv->Vn, V, CV, Of, true, V, CV, nq, 1.0f, 1.0f);
+    if ((void*)Of != (void*)sv->O) { to_floatX(sv->O, Of, s.nq * CV); }
     }
 }
 
@@ -3573,10 +3667,8 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V, rows = s.nq * C;
     int nq = (int)s.nq;
-    bool wmma_scan = false; // the tensor-core scan makes Pᵀ dO itself
-#ifndef ENABLE_FP32
-    wmma_scan = scan_uses_wmma(s);
-#endif
+    MixerPlan p = mixer_plan(s);
+    bool wmma_scan = p.scan_wmma; // the tensor-core scan makes Pᵀ dO itself
     if (!wmma_scan) {
     PROF("mixer.bwd.gemms");
     bgemm(true, false, C, V, C, sv->P, C, CC, dO, V, CV, sc->dVloc, true, V, CV, nq, 1.0f, 0.0f);
@@ -3611,7 +3703,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     PROF("mixer.bwd.scores");
     if (s.gk > 1) {
 #ifndef ENABLE_FP32
-        if (scores_use_tc(s)) {
+        if (p.scores_tc) {
             scores_channel_dq_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 1).total, main_stream>>>(
                 sc->dq_s, sc->dkh_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Kt, sv->G, beta, s);
             scores_channel_dkt_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 2).total, main_stream>>>(
@@ -3623,7 +3715,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
         cudaCheck(cudaGetLastError());
     } else
 #ifndef ENABLE_FP32
-    if (scores_scalar_fused(s)) {
+    if (p.scores_fused) {
         bwd_scores_scalar_tc_kernel<<<nq, 256, smem_bwd_scores_scalar_tc(C, K), main_stream>>>(
             sc->dq_s, sc->dkh_s, sc->dkt_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Q, Kh, Kt, sv->G, beta, s);
         cudaCheck(cudaGetLastError());
@@ -3640,7 +3732,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     }
     }
     PROF("mixer.bwd.finish");
-    if (s.gk <= 1 && s.K == 128 && s.V == 128) {
+    if (p.finish_rows) {
         bwd_finish_rows_kernel<<<nq, 32 * FIN_WARPS, 0, main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX, sc->dkh_s,
                                                        sc->dkt_s, sc->dKd, sc->dY, sc->dbetaA, Q, Kh, Kt, Vv, sv->G, beta,
                                                        sv->hstate, sc->dhstate, fold_kt, s);
@@ -3737,24 +3829,28 @@ static void model_free(Model* m) {
     cudaCheck(cudaFree(m->m)); cudaCheck(cudaFree(m->v));
 }
 
+// What a layer keeps for its backward. Cheap things are made again there instead: ln1 and ln2 from the residual
+// stream and their rstd (rmsnorm_apply), the MLP's activation from its two projections, the gated output norm from
+// o and its rstd; they live in Acts' shared buffers. With --recompute (and without gradients) every layer shares one
+// LayerActs, and the backward runs each layer's forward again first.
 struct LayerActs {
-    floatX* ln1; float* ln1_rstd;              // (N, d), (N)
+    float* ln1_rstd;                           // (N)
     floatX *qp, *kp, *vp;                      // projections
-    floatX *qc, *kc, *vc;                      // conv outputs before SiLU
     floatX *qn, *kn, *kt, *v;                  // hm: q̂ (scaled), k̂, k̃ (= kn without preconditioner), v
     float *q_rstd, *k_rstd;                    // (N, H)
     floatX* beta_pre; float* beta;             // (N, H); hm rows
     floatX *f1, *g_pre; float* g;              // (N, V); (N, H*gw); hm (rows, gw)
     floatX *gp_pre, *bp_pre; float *gp, *betap, *astat, *pstate;
     MixerSaved mx;
-    floatX* on; float* o_rstd;                 // (N, HV), (N*H)
-    floatX *g1, *gz, *og;                      // output gate; og = on without it
-    floatX *h, *ln2; float* ln2_rstd;          // (N, d)
-    floatX *mg, *mu, *ma;                      // (N, I)
+    float* o_rstd;                             // (N*H)
+    floatX *g1, *gz, *og;                      // output gate (N, V), (N, HV); og (N, HV) W_o's input
+    floatX* h; float* ln2_rstd;                // (N, d), (N)
+    floatX *mg, *mu;                           // (N, I)
 };
 
 struct GradBufs {
-    float *dresid, *dh, *dln1, *dln2, *dog, *dgz_f, *dlnf, *wprod;
+    float *dresid, *dh, *dog, *dgz_f, *wprod;
+    float* dln;             // (N, d) the gradient of the norm output at hand (lnf, then each layer's ln2 and ln1)
     floatX *dresid_x, *dh_x, *dma_x, *dmg_x, *dmu_x, *dgz_x, *dO_x, *dg_pre_x;
     floatX *din_x, *win_x;  // (N, ip.width) the packed gradients of ln1's projections, (ip.width, d) their weights
     float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dg_pre_f, *alog_prod, *pbuf;
@@ -3788,6 +3884,10 @@ struct Acts {
     Arena arena;
     std::vector<LayerActs> L;
     floatX* resid;                // (L+1, N, d)
+    floatX* ln;                   // (N, d) the layer's ln1, then its ln2 (forward; made again in the backward)
+    floatX* ma;                   // (N, I) the MLP's activation, W_down's input (likewise)
+    int recompute;                // the backward runs each layer's forward again (one LayerActs for all layers)
+    int nstore; size_t layer_bytes; // layers with their own LayerActs, and the bytes of one
     floatX* lnf; float* lnf_rstd;
     floatX* logits; float* losses; int* argmax;
     floatX *ymix, *ymlp;          // (N, d) W_o and W_down outputs
@@ -3808,25 +3908,30 @@ static void mixer_saved_add(Arena& ar, MixerSaved* mx, const ChunkShape& s) {
     ar.add(&mx->W, rows * K); ar.add(&mx->U, rows * V); ar.add(&mx->Qg, rows * K); ar.add(&mx->Kd, rows * K);
     ar.add(&mx->Vn, rows * V); ar.add(&mx->hstate, s.nq * K * V); ar.add(&mx->O, rows * V);
 }
-static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, int with_grads, int diag) {
+// p: the plan the buffers are for (the kernel lab passes MixerPlan{}, every fallback's, to run all flavours)
+static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, int with_grads, int diag, const MixerPlan& p) {
     long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, nq = s.nq;
+    bool gemm_scores = s.gk <= 1 && !p.scores_fused; // scalar / no decay by batched GEMMs + mask
     memset(sc, 0, sizeof(*sc));
-    ar.add(&sc->Mraw, nq * CC); ar.add(&sc->Praw, nq * CC); ar.add(&sc->A, nq * CC);
+    if (gemm_scores) { ar.add(&sc->Mraw, nq * CC); ar.add(&sc->Praw, nq * CC); }
+    if (!p.scores_fused) { ar.add(&sc->A, nq * CC); }
+    if (!p.scan_wmma && sizeof(floatX) != sizeof(float)) { ar.add(&sc->Of, rows * V); }
     ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V);
     if (diag) { precond_scratch_add(ar, &sc->pc, nq, (int)K); }
     if (!with_grads) { return; }
-    ar.add(&sc->dVloc, rows * V); ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
+    if (!p.scan_wmma) { ar.add(&sc->dVloc, rows * V); }
+    ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
     ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V); ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
     ar.add(&sc->dWx, rows * K); ar.add(&sc->dZx, nq * CC);
     ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dZ, nq * CC); ar.add(&sc->dbetaA, rows);
-    ar.add(&sc->dPm, nq * CC); ar.add(&sc->dMm, nq * CC);
+    if (gemm_scores) { ar.add(&sc->dPm, nq * CC); ar.add(&sc->dMm, nq * CC); }
     ar.add(&sc->dq_s, rows * K); ar.add(&sc->dkh_s, rows * K); ar.add(&sc->dkt_s, rows * K);
 }
 
-static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
+static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompute) {
     const PdnConfig* c = &m->cfg;
     Acts a;
-    a.B = B; a.T = T; a.with_grads = with_grads;
+    a.B = B; a.T = T; a.with_grads = with_grads; a.recompute = with_grads && recompute;
     int C = m->C, NC = (T + C - 1) / C, Tp = NC * C;
     a.Tp = Tp; a.NC = NC;
     int d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c), I = c->mlp_hidden, L = c->n_layer;
@@ -3838,12 +3943,15 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
     Arena& ar = a.arena;
     a.L.resize(L);
     ar.add(&a.resid, (L + 1) * N * d);
-    for (int l = 0; l < L; l++) {
+    ar.add(&a.ln, N * d); ar.add(&a.ma, N * I);
+    int nstore = (!with_grads || recompute) ? 1 : L; // layers with their own activations; the others share L[0]'s
+    a.nstore = nstore;
+    size_t before_layers = ar.pending();
+    for (int l = 0; l < nstore; l++) {
         LayerActs& la = a.L[l];
         memset(&la, 0, sizeof(la));
-        ar.add(&la.ln1, N * d); ar.add(&la.ln1_rstd, N);
+        ar.add(&la.ln1_rstd, N);
         ar.add(&la.qp, N * HK); ar.add(&la.kp, N * HK); ar.add(&la.vp, N * HV);
-        ar.add(&la.qc, N * HK); ar.add(&la.kc, N * HK); ar.add(&la.vc, N * HV);
         ar.add(&la.qn, rows * K); ar.add(&la.kn, rows * K); ar.add(&la.v, rows * V);
         if (diag || exact) { ar.add(&la.kt, rows * K); }
         ar.add(&la.q_rstd, N * H); ar.add(&la.k_rstd, N * H);
@@ -3856,22 +3964,23 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
         }
         if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * K * K); }
         mixer_saved_add(ar, &la.mx, a.cs);
-        ar.add(&la.on, N * HV); ar.add(&la.o_rstd, N * H);
-        if (c->out_gate) { ar.add(&la.g1, N * V); ar.add(&la.gz, N * HV); ar.add(&la.og, N * HV); }
-        ar.add(&la.h, N * d); ar.add(&la.ln2, N * d); ar.add(&la.ln2_rstd, N);
-        ar.add(&la.mg, N * I); ar.add(&la.mu, N * I); ar.add(&la.ma, N * I);
+        ar.add(&la.o_rstd, N * H); ar.add(&la.og, N * HV);
+        if (c->out_gate) { ar.add(&la.g1, N * V); ar.add(&la.gz, N * HV); }
+        ar.add(&la.h, N * d); ar.add(&la.ln2_rstd, N);
+        ar.add(&la.mg, N * I); ar.add(&la.mu, N * I);
     }
+    a.layer_bytes = (ar.pending() - before_layers) / nstore;
     ar.add(&a.lnf, N * d); ar.add(&a.lnf_rstd, N);
     ar.add(&a.logits, N * c->vocab_size); ar.add(&a.losses, N); ar.add(&a.argmax, N);
     ar.add(&a.ymix, N * d); ar.add(&a.ymlp, N * d);
     ar.add(&a.tokens, N); ar.add(&a.targets, N);
-    mixer_scratch_add(ar, &a.sc, a.cs, with_grads, diag);
+    mixer_scratch_add(ar, &a.sc, a.cs, with_grads, diag, mixer_plan(a.cs));
     GradBufs& g = a.gb;
     memset(&g, 0, sizeof(g));
     if (with_grads) {
         long wp = (long)H * gw; // the gates' small scratch
-        ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln1, N * d); ar.add(&g.dln2, N * d);
-        ar.add(&g.dma_x, N * I); ar.add(&g.dog, N * HV); ar.add(&g.dlnf, N * d); ar.add(&g.wprod, wp);
+        ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln, N * d);
+        ar.add(&g.dma_x, N * I); ar.add(&g.dog, N * HV); ar.add(&g.wprod, wp);
         ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
         ar.add(&g.dO_x, rows * V);
         ar.add(&g.din_x, N * a.ip.width); ar.add(&g.win_x, (long)a.ip.width * d);
@@ -3888,8 +3997,8 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads) {
     }
     ar.alloc();
     for (int l = 0; l < L; l++) {
+        if (l >= nstore) { a.L[l] = a.L[0]; }
         if (!(diag || exact)) { a.L[l].kt = a.L[l].kn; }
-        if (!c->out_gate) { a.L[l].og = a.L[l].on; }
     }
     return a;
 }
@@ -4260,91 +4369,106 @@ static void dist_finish(void) {
 #define GG(id, l) PDN_PARAM(m->grads, lay, id, l)
 
 // Forward over a->tokens (B, T) into a->logits. rs: null for training, else the recurrent state, read and advanced.
-static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
+// One layer from its ln1 (in a->ln) to the MLP's activation (a->ma) and, unless for_backward (the backward's
+// recompute needs no W_down output), the MLP's output a->ymlp. Writes the layer's LayerActs.
+static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_backward) {
     const PdnConfig* c = &m->cfg;
     const PdnLayout* lay = &m->lay;
     int B = a->B, T = a->T, Tp = a->Tp, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
-    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), L = c->n_layer;
+    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size;
     long N = (long)B * T;
     float eps = c->norm_eps, qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
     const ChunkShape& s = a->cs;
+    LayerActs& la = a->L[l];
+    const floatX* x = a->resid + (long)l * N * d;
+    long lb = (long)l * (rs ? rs->B : 0);
+    { PROF("fwd.matmul.qkv");
+    matmul_forward(la.qp, a->ln, PP(T_WQ, l), nullptr, (int)N, d, HK);
+    matmul_forward(la.kp, a->ln, PP(T_WK, l), nullptr, (int)N, d, HK);
+    matmul_forward(la.vp, a->ln, PP(T_WV, l), nullptr, (int)N, d, HV); }
+    { PROF("fwd.conv+l2norm");
+    floatX* hq = rs ? rs->hq + lb * (cs - 1) * HK : nullptr;
+    floatX* hk = rs ? rs->hk + lb * (cs - 1) * HK : nullptr;
+    floatX* hv = rs ? rs->hv + lb * (cs - 1) * HV : nullptr;
+    // (the conv outputs before SiLU are not kept: the backward makes them again from qp, kp, vp)
+    conv_norm_forward(nullptr, la.qn, la.q_rstd, la.qp, PP(T_CONV_Q, l), hq, B, T, H, K, cs, Tp, 1, qscale);
+    conv_norm_forward(nullptr, la.kn, la.k_rstd, la.kp, PP(T_CONV_K, l), hk, B, T, H, K, cs, Tp, 1, 1.0f);
+    conv_norm_forward(nullptr, la.v, nullptr, la.vp, PP(T_CONV_V, l), hv, B, T, H, V, cs, Tp, 0, 1.0f);
+    if (rs && cs > 1) {
+        conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hq, la.qp, B, T, HK, cs);
+        conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hk, la.kp, B, T, HK, cs);
+        conv_history_kernel<<<cdiv((long)B * HV, 256), 256, 0, main_stream>>>(hv, la.vp, B, T, HV, cs);
+        cudaCheck(cudaGetLastError());
+    }
+    }
+    { PROF("fwd.gates");
+    matmul_forward(la.beta_pre, a->ln, PP(T_WB, l), nullptr, (int)N, d, H);
+    gate_forward(la.beta, la.beta_pre, nullptr, nullptr, 0, bmax, B, T, H, 1, Tp);
+    if (c->decay == DECAY_SCALAR) {
+        matmul_forward(la.g_pre, a->ln, PP(T_WA, l), nullptr, (int)N, d, H);
+        gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, Tp);
+    } else if (c->decay == DECAY_CHANNEL) {
+        matmul_forward(la.f1, a->ln, PP(T_WF1, l), nullptr, (int)N, d, V);
+        matmul_forward(la.g_pre, la.f1, PP(T_WF2, l), nullptr, (int)N, V, HK);
+        gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Tp);
+    }
+    if (c->precond == PRECOND_DIAG) {
+        matmul_forward(la.gp_pre, a->ln, PP(T_WAP, l), nullptr, (int)N, d, H);
+        matmul_forward(la.bp_pre, a->ln, PP(T_WBP, l), nullptr, (int)N, d, H);
+        gate_forward(la.gp, la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 0.0f, B, T, H, 1, Tp);
+        gate_forward(la.betap, la.bp_pre, nullptr, nullptr, 0, 1.0f, B, T, H, 1, Tp);
+    } }
+    { PROF("fwd.precond");
+    if (c->precond == PRECOND_DIAG) {
+        float* a0 = rs ? rs->a + lb * H * K : nullptr;
+        PrecondBufs pb = a->sc.pc;
+        pb.astat = la.astat;
+        precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, B, H, a->NC, m->C, K,
+                             c->squash_x, c->precond_eps);
+    } else if (c->precond == PRECOND_EXACT) {
+        float* P0 = rs ? rs->P + lb * H * K * K : nullptr;
+        size_t sm = ((size_t)K * K + 2 * K) * sizeof(float);
+        precond_exact_forward_kernel<<<B * H, 256, sm, main_stream>>>(la.kt, la.pstate, la.kn, P0, P0, T, Tp, K, m->C,
+                                                                      a->NC, c->ridge);
+        cudaCheck(cudaGetLastError());
+    }
+    }
+    float* S0 = rs ? rs->S + lb * H * K * V : nullptr;
+    delta_chunk_forward(&la.mx, &a->sc, la.qn, la.kn, la.kt, la.v, la.beta, la.g, S0, S0, s);
+    { PROF("fwd.onorm+gate+o");
+    if (c->out_gate) {
+        matmul_forward(la.g1, a->ln, PP(T_WG1, l), nullptr, (int)N, d, V);
+        matmul_forward(la.gz, la.g1, PP(T_WG2, l), PP(T_BG2, l), (int)N, V, HV);
+    }
+    onorm_gate_forward(c->out_gate ? nullptr : la.og, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr,
+                       B, T, H, V, Tp, eps);
+    matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d);
+    rmsnorm_forward(la.h, a->ln, la.ln2_rstd, x, a->ymix, PP(T_MLP_NORM, l), N, d, eps); }
+    PROF("fwd.mlp");
+    matmul_forward(la.mg, a->ln, PP(T_WGATE, l), nullptr, (int)N, d, I);
+    matmul_forward(la.mu, a->ln, PP(T_WUP, l), nullptr, (int)N, d, I);
+    swiglu_forward(a->ma, la.mg, la.mu, N * I);
+    if (!for_backward) { matmul_forward(a->ymlp, a->ma, PP(T_WDOWN, l), nullptr, (int)N, I, d); }
+}
+
+static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    int d = c->d_model, L = c->n_layer;
+    long N = (long)a->B * a->T;
+    float eps = c->norm_eps;
     { PROF("fwd.embed+norms");
     encoder_forward(a->resid, a->tokens, PP(T_WTE, 0), (int)N, d);
-    rmsnorm_forward(nullptr, a->L[0].ln1, a->L[0].ln1_rstd, a->resid, nullptr, PP(T_ATTN_NORM, 0), N, d, eps); }
+    rmsnorm_forward(nullptr, a->ln, a->L[0].ln1_rstd, a->resid, nullptr, PP(T_ATTN_NORM, 0), N, d, eps); }
     for (int l = 0; l < L; l++) {
-        LayerActs& la = a->L[l];
-        floatX* x = a->resid + (long)l * N * d;
-        long lb = (long)l * (rs ? rs->B : 0);
-        { PROF("fwd.matmul.qkv");
-        matmul_forward(la.qp, la.ln1, PP(T_WQ, l), nullptr, (int)N, d, HK);
-        matmul_forward(la.kp, la.ln1, PP(T_WK, l), nullptr, (int)N, d, HK);
-        matmul_forward(la.vp, la.ln1, PP(T_WV, l), nullptr, (int)N, d, HV); }
-        { PROF("fwd.conv+l2norm");
-        floatX* hq = rs ? rs->hq + lb * (cs - 1) * HK : nullptr;
-        floatX* hk = rs ? rs->hk + lb * (cs - 1) * HK : nullptr;
-        floatX* hv = rs ? rs->hv + lb * (cs - 1) * HV : nullptr;
-        conv_norm_forward(la.qc, la.qn, la.q_rstd, la.qp, PP(T_CONV_Q, l), hq, B, T, H, K, cs, Tp, 1, qscale);
-        conv_norm_forward(la.kc, la.kn, la.k_rstd, la.kp, PP(T_CONV_K, l), hk, B, T, H, K, cs, Tp, 1, 1.0f);
-        conv_norm_forward(la.vc, la.v, nullptr, la.vp, PP(T_CONV_V, l), hv, B, T, H, V, cs, Tp, 0, 1.0f);
-        if (rs && cs > 1) {
-            conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hq, la.qp, B, T, HK, cs);
-            conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hk, la.kp, B, T, HK, cs);
-            conv_history_kernel<<<cdiv((long)B * HV, 256), 256, 0, main_stream>>>(hv, la.vp, B, T, HV, cs);
-            cudaCheck(cudaGetLastError());
-        }
-        }
-        { PROF("fwd.gates");
-        matmul_forward(la.beta_pre, la.ln1, PP(T_WB, l), nullptr, (int)N, d, H);
-        gate_forward(la.beta, la.beta_pre, nullptr, nullptr, 0, bmax, B, T, H, 1, Tp);
-        if (c->decay == DECAY_SCALAR) {
-            matmul_forward(la.g_pre, la.ln1, PP(T_WA, l), nullptr, (int)N, d, H);
-            gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, Tp);
-        } else if (c->decay == DECAY_CHANNEL) {
-            matmul_forward(la.f1, la.ln1, PP(T_WF1, l), nullptr, (int)N, d, V);
-            matmul_forward(la.g_pre, la.f1, PP(T_WF2, l), nullptr, (int)N, V, HK);
-            gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Tp);
-        }
-        if (c->precond == PRECOND_DIAG) {
-            matmul_forward(la.gp_pre, la.ln1, PP(T_WAP, l), nullptr, (int)N, d, H);
-            matmul_forward(la.bp_pre, la.ln1, PP(T_WBP, l), nullptr, (int)N, d, H);
-            gate_forward(la.gp, la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 0.0f, B, T, H, 1, Tp);
-            gate_forward(la.betap, la.bp_pre, nullptr, nullptr, 0, 1.0f, B, T, H, 1, Tp);
-        } }
-        { PROF("fwd.precond");
-        if (c->precond == PRECOND_DIAG) {
-            float* a0 = rs ? rs->a + lb * H * K : nullptr;
-            PrecondBufs pb = a->sc.pc;
-            pb.astat = la.astat;
-            precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, B, H, a->NC, m->C, K,
-                                 c->squash_x, c->precond_eps);
-        } else if (c->precond == PRECOND_EXACT) {
-            float* P0 = rs ? rs->P + lb * H * K * K : nullptr;
-            size_t sm = ((size_t)K * K + 2 * K) * sizeof(float);
-            precond_exact_forward_kernel<<<B * H, 256, sm, main_stream>>>(la.kt, la.pstate, la.kn, P0, P0, T, Tp, K, m->C,
-                                                                          a->NC, c->ridge);
-            cudaCheck(cudaGetLastError());
-        }
-        }
-        float* S0 = rs ? rs->S + lb * H * K * V : nullptr;
-        delta_chunk_forward(&la.mx, &a->sc, la.qn, la.kn, la.kt, la.v, la.beta, la.g, S0, S0, s);
-        { PROF("fwd.onorm+gate+o");
-        if (c->out_gate) {
-            matmul_forward(la.g1, la.ln1, PP(T_WG1, l), nullptr, (int)N, d, V);
-            matmul_forward(la.gz, la.g1, PP(T_WG2, l), PP(T_BG2, l), (int)N, V, HV);
-        }
-        onorm_gate_forward(la.on, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr, B, T, H, V, Tp, eps);
-        matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d);
-        rmsnorm_forward(la.h, la.ln2, la.ln2_rstd, x, a->ymix, PP(T_MLP_NORM, l), N, d, eps); }
+        layer_forward(m, a, l, rs, 0);
         PROF("fwd.mlp");
-        matmul_forward(la.mg, la.ln2, PP(T_WGATE, l), nullptr, (int)N, d, I);
-        matmul_forward(la.mu, la.ln2, PP(T_WUP, l), nullptr, (int)N, d, I);
-        swiglu_forward(la.ma, la.mg, la.mu, N * I);
-        matmul_forward(a->ymlp, la.ma, PP(T_WDOWN, l), nullptr, (int)N, I, d);
+        // the residual stream after the layer, and the next layer's ln1 (or the final norm)
         floatX* xo = a->resid + (long)(l + 1) * N * d;
         if (l + 1 < L) {
-            rmsnorm_forward(xo, a->L[l + 1].ln1, a->L[l + 1].ln1_rstd, la.h, a->ymlp, PP(T_ATTN_NORM, l + 1), N, d, eps);
+            rmsnorm_forward(xo, a->ln, a->L[l + 1].ln1_rstd, a->L[l].h, a->ymlp, PP(T_ATTN_NORM, l + 1), N, d, eps);
         } else {
-            rmsnorm_forward(xo, a->lnf, a->lnf_rstd, la.h, a->ymlp, PP(T_FINAL_NORM, 0), N, d, eps);
+            rmsnorm_forward(xo, a->lnf, a->lnf_rstd, a->L[l].h, a->ymlp, PP(T_FINAL_NORM, 0), N, d, eps);
         }
     }
     PROF("fwd.classifier.matmul");
@@ -4359,7 +4483,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     int B = a->B, T = a->T, Tp = a->Tp, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
     int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), L = c->n_layer;
     long N = (long)B * T;
-    float qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
+    float eps = c->norm_eps, qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
     GradBufs& g = a->gb;
     int head = c->tie_embeddings ? T_WTE : T_LM_HEAD;
     const InProj& ip = a->ip;
@@ -4371,27 +4495,39 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     };
     { PROF("bwd.classifier+final_norm");
     cudaCheck(cudaMemsetAsync(g.dresid, 0, N * d * sizeof(float), main_stream));
-    matmul_backward(g.dlnf, DINP_SET, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
-    rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.dlnf, nullptr, a->resid + (long)L * N * d, nullptr,
+    matmul_backward(g.dln, DINP_SET, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
+    rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.dln, nullptr, a->resid + (long)L * N * d, nullptr,
                      PP(T_FINAL_NORM, 0), a->lnf_rstd, N, d, nullptr, g.dresid_x); }
     dist_grads_ready(m, 0); // several GPUs: the classifier's and the final norm's gradients are final
     for (int l = L - 1; l >= 0; l--) {
         LayerActs& la = a->L[l];
         const floatX* x = a->resid + (long)l * N * d;
+        // The last layer's activations, a->ln (its ln2) and a->ma among them, are still those of the forward just
+        // run; for the others, --recompute runs the layer again from its input, else ln2 and ma are made again.
+        if (l < L - 1) {
+            PROF("bwd.recompute");
+            if (a->recompute) {
+                rmsnorm_forward(nullptr, a->ln, la.ln1_rstd, x, nullptr, PP(T_ATTN_NORM, l), N, d, eps);
+                layer_forward(m, a, l, nullptr, 1);
+            } else {
+                rmsnorm_apply(a->ln, la.h, la.ln2_rstd, PP(T_MLP_NORM, l), N, d);
+                swiglu_forward(a->ma, la.mg, la.mu, N * I);
+            }
+        }
         // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2); g.dresid = dL/dout, g.dresid_x its floatX copy
         { PROF("bwd.mlp+norm");
-        matmul_backward(g.dma_x, DINP_SETX, GG(T_WDOWN, l), g.dresid_x, la.ma, PP(T_WDOWN, l), (int)N, I, d);
+        matmul_backward(g.dma_x, DINP_SETX, GG(T_WDOWN, l), g.dresid_x, a->ma, PP(T_WDOWN, l), (int)N, I, d);
         swiglu_backward(g.dmg_x, g.dmu_x, g.dma_x, la.mg, la.mu, N * I);
-        matmul_backward(g.dln2, DINP_SET, GG(T_WGATE, l), g.dmg_x, la.ln2, PP(T_WGATE, l), (int)N, d, I);
-        matmul_backward(g.dln2, DINP_ADD, GG(T_WUP, l), g.dmu_x, la.ln2, PP(T_WUP, l), (int)N, d, I);
+        matmul_backward(g.dln, DINP_SET, GG(T_WGATE, l), g.dmg_x, a->ln, PP(T_WGATE, l), (int)N, d, I);
+        matmul_backward(g.dln, DINP_ADD, GG(T_WUP, l), g.dmu_x, a->ln, PP(T_WUP, l), (int)N, d, I);
         // dh = dresid + the norm's backward (and its floatX copy for the output projection)
-        rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.dln2, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d,
+        rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.dln, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d,
                          g.dresid, g.dh_x);
         }
         // mixer: h = x + W_o og
         { PROF("bwd.o+onorm+gate");
         matmul_backward(g.dog, DINP_SET, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
-        onorm_gate_backward(g.dO_x, g.dgz_x, g.dgz_f, GG(T_O_NORM, l), g.dog, la.mx.O, la.on, PP(T_O_NORM, l),
+        onorm_gate_backward(g.dO_x, g.dgz_x, g.dgz_f, GG(T_O_NORM, l), g.dog, la.mx.O, PP(T_O_NORM, l),
                             c->out_gate ? la.gz : nullptr, la.o_rstd, B, T, H, V, Tp);
         if (c->out_gate) {
             colsum_add(GG(T_BG2, l), g.dgz_f, N, HV);
@@ -4430,19 +4566,21 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         gate_backward(din(T_WB), ldi, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
                       0, bmax, B, T, H, 1, Tp); }
         { PROF("bwd.l2norm+conv");
-        conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, la.qc, la.qp, PP(T_CONV_Q, l), B, T, H, K, cs, Tp, 1, qscale);
-        conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, la.kc, la.kp, PP(T_CONV_K, l), B, T, H, K, cs, Tp, 1, 1.0f);
-        conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, la.vc, la.vp, PP(T_CONV_V, l), B, T, H, V, cs, Tp, 0, 1.0f); }
+        conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, nullptr, la.qp, PP(T_CONV_Q, l), B, T, H, K, cs, Tp, 1, qscale);
+        conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, nullptr, la.kp, PP(T_CONV_K, l), B, T, H, K, cs, Tp, 1, 1.0f);
+        conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, nullptr, la.vp, PP(T_CONV_V, l), B, T, H, V, cs, Tp, 0, 1.0f); }
         PROF("bwd.matmul.in_proj+norm");
-        // each weight's gradient from its slice; ln1's from all of them in one GEMM over the packed weights
+        // each weight's gradient from its slice (over ln1, made again); ln1's from all of them in one GEMM over the
+        // packed weights
+        rmsnorm_apply(a->ln, x, la.ln1_rstd, PP(T_ATTN_NORM, l), N, d);
         for (int i = 0; i < ip.n; i++) {
             cudaCheck(cudaMemcpyAsync(g.win_x + (size_t)ip.off[i] * d, PP(ip.id[i], l), (size_t)ip.rows[i] * d * sizeof(floatX),
                                       cudaMemcpyDeviceToDevice, main_stream));
-            matmul_backward(nullptr, 0, GG(ip.id[i], l), g.din_x + ip.off[i], la.ln1, nullptr, (int)N, d, ip.rows[i], ldi);
+            matmul_backward(nullptr, 0, GG(ip.id[i], l), g.din_x + ip.off[i], a->ln, nullptr, (int)N, d, ip.rows[i], ldi);
         }
-        matmul_lt(g.dln1, true, g.din_x, false, g.win_x, false, (int)N, d, ldi, 1.0f, 0.0f, nullptr);
+        matmul_lt(g.dln, true, g.din_x, false, g.win_x, false, (int)N, d, ldi, 1.0f, 0.0f, nullptr);
         // dresid = dh + the norm's backward: the gradient of this layer's input (and its floatX copy for the next)
-        rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln1, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d,
+        rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d,
                          g.dh, g.dresid_x);
         dist_grads_ready(m, L - l); // layer l's gradients are final
     }
@@ -4620,7 +4758,7 @@ static void save_checkpoint(Model* m, const TrainConfig* tc, long step, const Da
 // Prompt through the model in one chunked pass, then one token at a time: the recurrent state lives on the GPU.
 static void generate(Model* m, const int* prompt, int P, int n, float temperature, int top_k, uint64_t seed, int* out) {
     RecState rs = recstate_alloc(&m->cfg, 1);
-    Acts ap = acts_alloc(m, 1, P, 0), a1 = acts_alloc(m, 1, 1, 0);
+    Acts ap = acts_alloc(m, 1, P, 0, 0), a1 = acts_alloc(m, 1, 1, 0, 0);
     Rng rng;
     rng_seed(&rng, seed);
     int Vv = m->cfg.vocab_size;
@@ -4775,11 +4913,15 @@ int main(int argc, char** argv) {
                dist.env.source, dist.how, world, dist.zp.n_buckets);
     }
 
-    Acts acts = acts_alloc(&m, tc.B, tc.T, 1);
-    printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB%s\n",
+    Acts acts = acts_alloc(&m, tc.B, tc.T, 1, tc.recompute);
+    mixer_plan_print(acts.cs);
+    printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB (%d x %.1f MiB kept per layer%s, %.1f MiB "
+           "shared)%s\n",
            (m.lay.num_elems * (sizeof(floatX) + 4.0) + m.n_opt * 12.0 +
             (dist.on ? dist.zp.packed_total * (4.0 + sizeof(floatX)) + dist.zp.shard_total * 4.0 : 0.0)) / 1048576.0,
-           acts.arena.bytes / 1048576.0, dist.on ? " (per GPU, with the communication buffers)" : "");
+           acts.arena.bytes / 1048576.0, acts.nstore, acts.layer_bytes / 1048576.0,
+           acts.recompute ? ", --recompute 1: all layers share it" : "",
+           (acts.arena.bytes - (double)acts.nstore * acts.layer_bytes) / 1048576.0, dist.on ? " (per GPU, with the communication buffers)" : "");
     size_t N = (size_t)tc.B * tc.T;
     std::vector<int> x(N), y(N);
     if (tc.debug_state[0]) { // one micro-batch, the first of this run's data stream, as the CPU trainer does

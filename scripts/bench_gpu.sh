@@ -1,27 +1,49 @@
 #!/usr/bin/env bash
-# GPU throughput benchmark (issue 4): end-to-end training tokens/s, ms per step, MFU and device memory for every
-# variant at its 340m preset with micro-batch 16 x 2048 tokens (one micro-batch per optimizer step; the first step
-# is not timed), then where the time goes for PGDN (PDN_PROFILE=1), then the mixer kernels alone from the kernel lab
-# (dev/cuda/delta_chunk: B = 1, H = 8, K = V = 128, T = 2048 ... 16384). Prints tables; run on an NVIDIA GPU.
-# Usage: scripts/bench_gpu.sh [steps]     (SKIP_LAB=1: without the kernel-lab table)
+# GPU throughput and memory benchmark (issue 13): end-to-end training tokens/s, ms per step, MFU and device memory
+# (cudaMemGetInfo after the run: everything the process holds) for
+#   - every variant at its 340m preset, micro-batch 16 x 2048 tokens (one micro-batch per optimizer step);
+#   - pgdn-340m at 4 x 8192 and 1 x 32768 tokens (long sequences, small batches);
+#   - gdn, pgdn, kda, pkda at their 1b presets, 8 x 2048 (kda/pkda-1b: head size 120), and pgdn-1b at 16 x 2048 with
+#     --recompute 1 (each layer's forward run again in the backward);
+# then where the time goes for pgdn-340m (PDN_PROFILE=1) and the mixer kernels alone from the kernel lab
+# (dev/cuda/delta_chunk: B = 1, H = 8, K = V = 128, T = 2048 ... 16384). The first step of every run is not timed.
+# OLD=DIR: also run DIR/train_pdncu (an older build) on the 340m rows, side by side in the same job.
+# Usage: scripts/bench_gpu.sh [steps]     (SKIP_LAB=1: no kernel-lab table; QUICK=1: the 340m 16 x 2048 rows only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}
 make -s train_pdncu || exit 1
 rows=()
-for v in dn pdn gdn pgdn kda pkda; do
-    log=$(./train_pdncu --preset $v-340m -b 16 -t 2048 -d 32768 -x "$steps" -v 0 -m 1 2>&1)
+# row LABEL BINARY ARGS...: one run, one table row
+row() {
+    local label=$1 bin=$2; shift 2
+    local log tps mem ms mfu
+    log=$("$bin" "$@" -x "$steps" -v 0 -m 1 2>&1)
     tps=$(echo "$log" | sed -n 's/.*; \([0-9]*\) tok\/s averaged.*/\1/p')
     mem=$(echo "$log" | sed -n 's/.*device memory in use \([0-9.]*\) GiB.*/\1/p')
     ms=$(echo "$log" | awk '/^step/ { for (i = 1; i <= NF; i++) if ($i == "ms") v = $(i-1) } END { print v }')
     mfu=$(echo "$log" | awk '/^step/ { for (i = 1; i <= NF; i++) if ($i == "MFU") v = $(i-1) } END { print v }')
-    rows+=("$(printf "%-6s | %9s tok/s | %8s ms/step | %6s MFU | %6s GiB" "$v" "$tps" "$ms" "$mfu" "$mem")")
+    [ -n "$tps" ] || { tps="FAILED"; echo "$log" | tail -5 >&2; }
+    rows+=("$(printf "%-30s | %9s tok/s | %8s ms/step | %6s MFU | %6s GiB" "$label" "$tps" "$ms" "$mfu" "$mem")")
+}
+for v in dn pdn gdn pgdn kda pkda; do
+    row "$v-340m 16x2048" ./train_pdncu --preset $v-340m -b 16 -t 2048 -d 32768
+    if [ -n "${OLD:-}" ]; then row "  (OLD build)" "$OLD/train_pdncu" --preset $v-340m -b 16 -t 2048 -d 32768; fi
 done
-echo "== where the time goes, pgdn-340m, 16 x 2048 tokens per step =="
-PDN_PROFILE=1 ./train_pdncu --preset pgdn-340m -b 16 -t 2048 -d 32768 -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
+if [ -z "${QUICK:-}" ]; then
+    row "pgdn-340m 4x8192" ./train_pdncu --preset pgdn-340m -b 4 -t 8192 -d 32768
+    row "pgdn-340m 1x32768" ./train_pdncu --preset pgdn-340m -b 1 -t 32768 -d 32768
+    for v in gdn pgdn kda pkda; do
+        row "$v-1b 8x2048" ./train_pdncu --preset $v-1b -b 8 -t 2048 -d 16384
+    done
+    row "pgdn-1b 16x2048 --recompute 1" ./train_pdncu --preset pgdn-1b -b 16 -t 2048 -d 32768 --recompute 1
+    row "pgdn-340m 16x2048 --recompute 1" ./train_pdncu --preset pgdn-340m -b 16 -t 2048 -d 32768 --recompute 1
+    echo "== where the time goes, pgdn-340m, 16 x 2048 tokens per step =="
+    PDN_PROFILE=1 ./train_pdncu --preset pgdn-340m -b 16 -t 2048 -d 32768 -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
+fi
 if [ -f dev/cuda/Makefile ] && [ -z "${SKIP_LAB:-}" ]; then
     echo "== mixer kernels alone (dev/cuda/delta_chunk) =="
-    make -s -C dev/cuda delta_chunk > /dev/null && (cd dev/cuda && ./delta_chunk 2>&1 | tail -30)
+    make -s -C dev/cuda delta_chunk > /dev/null && (cd dev/cuda && ./delta_chunk --no-validate 2>&1 | tail -30)
 fi
-echo "== end to end, 340m presets, micro-batch 16 x 2048, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d) =="
+echo "== end to end, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d), $steps steps (the first untimed) =="
 printf '%s\n' "${rows[@]}"

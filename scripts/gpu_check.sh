@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU correctness check (run on a machine with an NVIDIA GPU): for every variant, one micro-batch's debug state
 # (logits, loss, every parameter gradient) from the CPU reference, the FP32 CUDA build and the BF16 CUDA build,
-# compared with `test_pdn --compare` (fp32: 1e-4 of each tensor's scale; bf16: 5e-2 relative L2); then 10 training
-# steps on each, whose loss sequences are printed side by side. Prints a table last.
+# compared with `test_pdn --compare` (fp32: 1e-4 of each tensor's scale; bf16: 5e-2 relative L2); --recompute 1
+# against the normal run (bit for bit); then 10 training steps on each, whose loss sequences are printed side by
+# side; checkpoints and resume. Prints a table last.
 # Usage: scripts/gpu_check.sh [OUTDIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -13,11 +14,13 @@ declare -A shape=(
     [tiny]="-b 4 -t 100 --mqar-pairs 8"                                        # T = 100: a partial chunk
     [340m-layer]="--n-layer 2 --vocab 512 -b 2 -t 256 -d 512"                  # K = V = 128, d = 1024, 4 chunks
     [340m-chunk32]="--n-layer 2 --vocab 512 -b 2 -t 200 -d 400 --chunk 32"     # the GPU kernels at another chunk size
+    [1b-layer]="--n-layer 1 --vocab 512 -b 1 -t 200 -d 200"                     # d = 1792, 14 heads; kda: K = V = 120
 )
-declare -A size_preset=([tiny]=tiny [340m-layer]=340m [340m-chunk32]=340m)
+declare -A size_preset=([tiny]=tiny [340m-layer]=340m [340m-chunk32]=340m [1b-layer]=1b)
 rows=()
-for size in tiny 340m-layer 340m-chunk32; do
+for size in tiny 340m-layer 340m-chunk32 1b-layer; do
     for v in dn pdn gdn pgdn kda pkda pgdn+exact; do
+        [ "$size" = 1b-layer ] && [ "$v" != gdn ] && [ "$v" != kda ] && [ "$v" != pkda ] && continue
         preset="${v%+exact}-${size_preset[$size]}"
         extra=""; [ "$v" = "pgdn+exact" ] && extra="--precond exact"
         [ "$v" = "pgdn+exact" ] && [ "$size" != tiny ] && continue
@@ -73,10 +76,24 @@ resume_rows+=("$(printf "%-18s CPU checkpoint continued on the GPU (fp32): steps
 mkdir -p "$out/ck.gpu2cpu" && cp "$out/ck.train_pdncu_fp32.a/"*_00000006.bin "$out/ck.gpu2cpu/"
 ./train_pdn $flags -o "$out/ck.gpu2cpu" -y 1 > /dev/null 2>&1 || echo "FAILED: GPU -> CPU resume"
 resume_rows+=("$(printf "%-18s GPU checkpoint continued on the CPU: steps 7-12 vs the GPU fp32 run, max rel %s" "gpu -> cpu" "$(maxrel "$out/ck.gpu2cpu" "$out/ck.train_pdncu_fp32.a")")")
+# --recompute 1 runs each layer's forward again in the backward from the same inputs with the same kernels: its
+# gradients must be the normal run's bit for bit (every variant, both builds, the 340m-layer shape; the files hold no
+# flag, so they compare byte for byte)
+recompute_rows=()
+for v in dn pdn gdn pgdn kda pkda; do
+    f="$out/$v.340m-layer"
+    for bin in train_pdncu_fp32 train_pdncu; do
+        ./$bin --preset $v-340m ${shape[340m-layer]} --recompute 1 --debug-state "$f.$bin.recompute.bin" > /dev/null 2>&1 || echo "FAILED: $bin $v --recompute 1"
+        same=$(cmp -s "$f.$bin.bin" "$f.$bin.recompute.bin" && echo "bit-exact" || echo "DIFFERENT")
+        recompute_rows+=("$(printf "%-6s %-18s --recompute 1 vs 0, logits and gradients: %s" "$v" "$bin" "$same")")
+    done
+done
 echo "10 training steps, pgdn-tiny (loss per step: CPU / GPU fp32 / GPU bf16):"
 paste <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdn/main.log") <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu_fp32/main.log") \
       <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu/main.log")
 echo "checkpoints and resume:"
 printf '%s\n' "${resume_rows[@]}"
+echo "recompute (activation checkpointing per layer):"
+printf '%s\n' "${recompute_rows[@]}"
 echo "debug-state comparison against the CPU reference:"
 printf '%s\n' "${rows[@]}"

@@ -20,9 +20,12 @@ Versions:
       shuffles; weight gradient per thread, then lanes within the warp, then the 8 warps in a fixed order (the
       trainer's conv_norm_*_vec<8>). Fewer instructions but 126 registers in the backward: 2 blocks per SM, slower
       than v2 there (H200, 2026-12-01: fwd 0.160 vs 0.151 ms, bwd 0.369 vs 0.257)
-  v4  the trainer's kernels: v3 with NV = 4 (8-byte floatX, 16-byte fp32 accesses; <= 64 registers, 4 blocks per SM
-      as the shared memory allows): fwd 0.112 ms, bwd 0.221 ms at the timing shape (H200, 2026-12-01). Needs D/NV a
-      power of two <= 32 and 16-byte aligned rows, else v2 runs (D = 36 and 256 below take that path).
+  v4  v3 with NV = 4 (8-byte floatX, 16-byte fp32 accesses; <= 64 registers, 4 blocks per SM as the shared memory
+      allows): fwd 0.112 ms, bwd 0.221 ms at the timing shape (H200, 2026-12-01). Needs D/NV a power of two <= 32
+      and 16-byte aligned rows, else v2 runs (D = 36 and 256 below take that path). The backward reads pre.
+  v5  the trainer's kernels: v4 (and v2 where v4 cannot run) with a backward that makes pre again from the staged z
+      (the tile's rows and cs-1 more on each side, the forward's sum in its order, so bit for bit the same): pre is
+      neither stored nor read (one (N, D) floatX tensor per call less: 4.5 GiB of pgdn-340m's 16 x 2048 step).
 
 CPU reference in double from the inputs as the device sees them (z, w, history rounded to floatX; pre and o rounded
 to floatX where the device stores or rounds them).
@@ -35,19 +38,20 @@ Timing: B=16, H=8, T=2048, D=128, cs=4, with norm (one of q, k at the 340m shape
 
 Build and run (from the repository root):
   make -C dev/cuda conv_norm conv_norm_fp32
-  dev/cuda/conv_norm [1|2|3|4] [--no-bench]
+  dev/cuda/conv_norm [1|2|3|4|5] [--no-bench]
 */
 #define TESTING
 #include "../../train_pdn.cu"
 #include "common.h"
 
-#define NVERSIONS 4
+#define NVERSIONS 5
 #ifdef ENABLE_FP32
 static const double TOL_X = 1e-5, TOL_DX = 1e-4, TOL_RSTD = 1e-5, TOL_DW = 1e-4;
 #else
 static const double TOL_X = 1e-2, TOL_DX = 1e-2, TOL_RSTD = 1e-3, TOL_DW = 1e-2;
 #endif
-static const char* VERSION_NAME[5] = {"", "v1 token chain", "v2 smem tiles", "v3 8-channel thr", "v4 4-channel thr"};
+static const char* VERSION_NAME[6] = {"", "v1 token chain", "v2 smem tiles", "v3 8-channel thr", "v4 4-channel thr",
+                                     "v5 pre made again"};
 
 // ----------------------------------------------------------------------------------------------------
 // v1: the trainer's kernels until 2026-12-01 (4 warps per block, one 64-token range per warp)
@@ -246,7 +250,7 @@ static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale,
     float* r = norm ? d.rstd : nullptr;
     if (v == 1) { conv_norm_forward_v1(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
     else if (v == 2) { conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 4) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (v == 4 || v == 5) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
     else if (!conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale)) {
         conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale);
     }
@@ -257,6 +261,7 @@ static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale
     if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
     else if (v == 2) { conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
     else if (v == 4) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (v == 5) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, nullptr, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
     else if (!conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale)) {
         conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale);
     }
@@ -396,16 +401,21 @@ static void bench(int version_sel) {
     lab_fill(d.w, (long)s.H * s.D * s.cs, FILL_NORMAL, 0.0f, 0.5f, 42);
     lab_fill(d.dy, nh, FILL_NORMAL, 0.0f, 1.0f, 43);
     cudaCheck(cudaMemset(d.dw, 0, (size_t)s.H * s.D * s.cs * sizeof(float)));
-    double xs = sizeof(floatX), fbytes = n * 3 * xs, bbytes = n * (4 + 4 * xs); // fwd: z in, pre + out out; bwd: dy, out, pre, z in, dz out
+    double xs = sizeof(floatX), fbytes = n * 3 * xs; // fwd: z in, pre + out out (the trainer's v5 forward writes no pre)
     printf("\n=== timing: conv_norm (%s), B=%d H=%d T=%d D=%d cs=%d, with norm; GB/s counts the minimal traffic ===\n",
            PRECISION_NAME, s.B, s.H, s.T, s.D, s.cs);
-    printf("%-16s %10s %8s %10s %8s\n", "version", "fwd ms", "GB/s", "bwd ms", "GB/s");
+    printf("%-18s %10s %8s %10s %8s\n", "version", "fwd ms", "GB/s", "bwd ms", "GB/s");
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
-        double tf = bench_ms([&] { cv_forward(d, v, s, 1, 1.0f, 0); });
+        double tf = v == 5 ? bench_ms([&] { // as the trainer runs it: no pre
+                                 conv_norm_forward(nullptr, d.out, d.rstd, d.z, d.w, nullptr, s.B, s.T, s.H, s.D, s.cs, s.Tp, 1, 1.0f);
+                             })
+                           : bench_ms([&] { cv_forward(d, v, s, 1, 1.0f, 0); });
+        double fb = v == 5 ? fbytes * 2 / 3 : fbytes;
         cv_forward(d, v, s, 1, 1.0f, 0);
         double tb = bench_ms([&] { cv_backward(d, v, s, 1, 1.0f); });
-        printf("%-16s %10.4f %8.0f %10.4f %8.0f\n", VERSION_NAME[v], tf, fbytes / tf / 1e6, tb, bbytes / tb / 1e6);
+        double bbytes = n * (4 + (v == 5 ? 3 : 4) * xs); // bwd: dy, out, (pre,) z in, dz out
+        printf("%-18s %10.4f %8.0f %10.4f %8.0f\n", VERSION_NAME[v], tf, fb / tf / 1e6, tb, bbytes / tb / 1e6);
         fflush(stdout);
     }
     printf("\n");
