@@ -302,7 +302,8 @@ static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, cons
 
 // dinp (N, C) = or += dout (N, OC) @ w (OC, C);  dw (OC, C) fp32 += doutᵀ @ inp.
 // dinp's mode: ADD into fp32 (several contributions), SET fp32 (the first or only one: no memset needed), SETX floatX.
-// ld_dout, ld_dinp: row strides when dout / dinp are column slices of a wider matrix (0: packed). dinp null: dw only.
+// ld_dout, ld_dinp: row strides when dout / dinp are column slices of a wider matrix (0: packed). dinp null: dw only;
+// dw null: dinp only.
 enum { DINP_ADD, DINP_SET, DINP_SETX };
 static void matmul_backward(void* dinp, int mode, float* dw, const floatX* dout, const floatX* inp, const floatX* w,
                             int N, int C, int OC, int ld_dout = 0, int ld_dinp = 0) {
@@ -310,7 +311,7 @@ static void matmul_backward(void* dinp, int mode, float* dw, const floatX* dout,
         matmul_lt(dinp, mode != DINP_SETX, dout, false, w, false, N, C, OC, 1.0f, mode == DINP_ADD ? 1.0f : 0.0f, nullptr,
                   ld_dout, ld_dinp);
     }
-    matmul_lt(dw, true, dout, true, inp, false, OC, C, N, 1.0f, 1.0f, nullptr, ld_dout);
+    if (dw) { matmul_lt(dw, true, dout, true, inp, false, OC, C, N, 1.0f, 1.0f, nullptr, ld_dout); }
 }
 
 // Batched, row-major: C[i] (M, N) = alpha op(A[i]) op(B[i]) + beta C[i] for i < batch, strides in elements.
@@ -622,9 +623,9 @@ static void rmsnorm_backward(float* dinp, float* dw, const float* dout_f, const 
     colsum_finish(dw, nch, C);
 }
 
-// index of element (b, t, h, j) of a (B, T, H*D) tensor in the head-major padded layout (B, H, Tp, D)
-__device__ __forceinline__ long hm_index(int b, int t, int c, int H, int D, int Tp) {
-    return (((long)b * H + c / D) * Tp + t) * D + c % D;
+// index of element (b, t, h, j) of a (B, T, H*D) tensor in the head-major padded layout (B, H, Tp, Dp), Dp >= D
+__device__ __forceinline__ long hm_index(int b, int t, int c, int H, int D, int Dp, int Tp) {
+    return (((long)b * H + c / D) * Tp + t) * Dp + c % D;
 }
 
 // new history = the last cs-1 rows of [old history; z], per sequence
@@ -644,7 +645,8 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
 // Fused short convolution + SiLU (+ L2 norm over the head) for the mixer's q, k (norm) and v (no norm). One block of
 // 256 threads per (b, h, tile of CONV_TR tokens): the tile's inputs and the cs-1 before it are staged in shared
 // memory with all loads in flight at once, then each warp takes tokens (independent of each other: no serial chain
-// through time), lanes over the head's D channels (lane, lane+32, ...). pre[t] = Σ_j w[cs-1-j] z[t-j], the conv
+// through time), lanes over the head's D channels (lane, lane+32, ...). Head-major rows have Dp >= D columns (the
+// mixer's padded head size; the columns after D are not touched). pre[t] = Σ_j w[cs-1-j] z[t-j], the conv
 // output (token-major floatX), is written only if pre is given (the kernel lab checks it; the trainer's backward
 // makes it again from z, bit for bit, instead of storing it); out is head-major padded.
 #define CONV_TR 64
@@ -681,7 +683,7 @@ __device__ __forceinline__ void conv_stage(floatX* zs, const floatX* z, const fl
 template <int CPL>
 __global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
                                                                           const floatX* w, const floatX* hist, int B, int T,
-                                                                          int H, int D, int cs, int Tp, int norm, float scale) {
+                                                                          int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
     extern __shared__ float conv_smem[];
     float* ws = conv_smem;                         // (D, cs) the taps
     floatX* zs = (floatX*)(ws + D * cs);           // (CONV_TR + cs - 1, D): z[t0 - cs + 1 + r]
@@ -713,7 +715,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_kernel(floatX*
             r = rsqrtf(ss + L2NORM_EPS_F);
             if (lane == 0) { rstd[((long)b * T + t) * H + h] = r; }
         }
-        long ob = (((long)b * H + h) * Tp + t) * D;
+        long ob = (((long)b * H + h) * Tp + t) * Dp;
         #pragma unroll
         for (int u = 0; u < CPL; u++) {
             int c = lane + 32 * u;
@@ -734,7 +736,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
                                                                            const float* __restrict__ dy, const floatX* __restrict__ out,
                                                                            const float* __restrict__ rstd, const floatX* __restrict__ pre,
                                                                            const floatX* __restrict__ z, const floatX* __restrict__ w,
-                                                                           int B, int T, int H, int D, int cs, int Tp, int norm,
+                                                                           int B, int T, int H, int D, int Dp, int cs, int Tp, int norm,
                                                                            float scale, int ntiles) {
     extern __shared__ float conv_smem[];
     int nr = CONV_TR + cs - 1;
@@ -755,7 +757,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
         for (int p = 0; p < 2; p++) {
             int r = r0 + p * nw, t = t0 + r;
             bool ok = r < nr && t < T;
-            long ob = (((long)b * H + h) * Tp + t) * D, tb = ((long)b * T + t) * Ch + h * D;
+            long ob = (((long)b * H + h) * Tp + t) * Dp, tb = ((long)b * T + t) * Ch + h * D;
             dot[p] = 0.0f;
             rr[p] = (ok && norm) ? rstd[((long)b * T + t) * H + h] : 1.0f;
             #pragma unroll
@@ -830,29 +832,29 @@ static size_t conv_smem_backward(int D, int cs) { // zs: room for the halo's z w
 }
 
 static void conv_norm_forward_tiles(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
-                                    int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+                                    int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
     dim3 grid(B * H, cdiv(T, CONV_TR));
     size_t sm = conv_smem_forward(D, cs);
     int c = cdiv(D, 32);
-    if (c <= 1) { conv_norm_forward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
-    else if (c <= 2) { conv_norm_forward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
-    else if (c <= 4) { conv_norm_forward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
-    else { conv_norm_forward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale); }
+    if (c <= 1) { conv_norm_forward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale); }
+    else if (c <= 2) { conv_norm_forward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale); }
+    else if (c <= 4) { conv_norm_forward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale); }
+    else { conv_norm_forward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale); }
     cudaCheck(cudaGetLastError());
 }
 
 static void conv_norm_backward_tiles(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd,
-                                     const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int cs,
-                                     int Tp, int norm, float scale) {
+                                     const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int Dp,
+                                     int cs, int Tp, int norm, float scale) {
     int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
     float* partial = colsum_partials(nch, Ch * cs);
     dim3 grid(B * H, ntiles);
     size_t sm = conv_smem_backward(D, cs);
     int c = cdiv(D, 32);
-    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
-    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
-    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
-    else { conv_norm_backward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale, ntiles); }
+    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles); }
+    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles); }
+    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles); }
+    else { conv_norm_backward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles); }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
 }
@@ -874,7 +876,7 @@ __device__ __forceinline__ float group_sum(float v, int ng) {
 template <int CS, int NV>
 __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forward_vec_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
                                                                              const floatX* w, const floatX* hist, int B, int T,
-                                                                             int H, int D, int Tp, int norm, float scale) {
+                                                                             int H, int D, int Dp, int Tp, int norm, float scale) {
     extern __shared__ float conv_smem[];
     float* ws = conv_smem;                         // (D, CS) the taps
     floatX* zs = (floatX*)(ws + D * CS);           // (CONV_TR + CS - 1, D): z[t0 - CS + 1 + r]
@@ -924,7 +926,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forwa
         XV<NV> ov;
         #pragma unroll
         for (int u = 0; u < NV; u++) { ov.v[u] = fromf<floatX>(norm ? o[u] * r * scale : o[u]); }
-        *(XV<NV>*)(out + (((long)b * H + h) * Tp + t) * D + c0) = ov;
+        *(XV<NV>*)(out + (((long)b * H + h) * Tp + t) * Dp + c0) = ov;
     }
 }
 
@@ -933,7 +935,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
                                                                               const float* __restrict__ dy, const floatX* __restrict__ out,
                                                                               const float* __restrict__ rstd, const floatX* __restrict__ pre,
                                                                               const floatX* __restrict__ z, const floatX* __restrict__ w,
-                                                                              int B, int T, int H, int D, int Tp, int norm, float scale,
+                                                                              int B, int T, int H, int D, int Dp, int Tp, int norm, float scale,
                                                                               int ntiles) {
     extern __shared__ float conv_smem[];
     int nr = CONV_TR + CS - 1;
@@ -960,7 +962,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
         #pragma unroll
         for (int u = 0; u < NV; u++) { dyv[u] = 0.0f; ov[u] = 0.0f; pv[u] = 0.0f; }
         if (ok) {
-            long ob = (((long)b * H + h) * Tp + t) * D + c0;
+            long ob = (((long)b * H + h) * Tp + t) * Dp + c0;
             ldvf<NV>(dyv, dy + ob);
             XV<NV> xo = *(const XV<NV>*)(out + ob), xp;
             if (pre) { xp = *(const XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0); }
@@ -1061,22 +1063,22 @@ template <int NV> static bool conv_vec_ok(int H, int D, int cs, std::initializer
 }
 template <int NV>
 static bool conv_norm_forward_vec(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
-                                 int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
+                                 int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
     if (!conv_vec_ok<NV>(H, D, cs, {pre, out, z, hist})) { return false; }
     dim3 grid(B * H, cdiv(T, CONV_TR));
     size_t sm = conv_smem_forward(D, cs);
     switch (cs) {
-        case 1: conv_norm_forward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
-        case 2: conv_norm_forward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
-        case 3: conv_norm_forward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
-        default: conv_norm_forward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Tp, norm, scale); break;
+        case 1: conv_norm_forward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale); break;
+        case 2: conv_norm_forward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale); break;
+        case 3: conv_norm_forward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale); break;
+        default: conv_norm_forward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale); break;
     }
     cudaCheck(cudaGetLastError());
     return true;
 }
 template <int NV>
 static bool conv_norm_backward_vec(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd,
-                                  const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp,
+                                  const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int Dp, int cs, int Tp,
                                   int norm, float scale) {
     if (!conv_vec_ok<NV>(H, D, cs, {dz, dy, out, pre, z}) || ldz % 8 != 0) { return false; }
     int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
@@ -1084,10 +1086,10 @@ static bool conv_norm_backward_vec(floatX* dz, int ldz, float* dw, const float* 
     dim3 grid(B * H, ntiles);
     size_t sm = conv_smem_backward(D, cs);
     switch (cs) {
-        case 1: conv_norm_backward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
-        case 2: conv_norm_backward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
-        case 3: conv_norm_backward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
-        default: conv_norm_backward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Tp, norm, scale, ntiles); break;
+        case 1: conv_norm_backward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles); break;
+        case 2: conv_norm_backward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles); break;
+        case 3: conv_norm_backward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles); break;
+        default: conv_norm_backward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles); break;
     }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
@@ -1095,23 +1097,24 @@ static bool conv_norm_backward_vec(floatX* dz, int ldz, float* dw, const float* 
 }
 
 static void conv_norm_forward(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
-                              int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
-    if (!conv_norm_forward_vec<4>(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale)) {
-        conv_norm_forward_tiles(pre, out, rstd, z, w, hist, B, T, H, D, cs, Tp, norm, scale);
+                              int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
+    if (!conv_norm_forward_vec<4>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale)) {
+        conv_norm_forward_tiles(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale);
     }
 }
 // dz (token-major floatX, row stride ldz: a slice of the packed projection gradients) and dw += from dy (head-major fp32)
 static void conv_norm_backward(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
-                               const floatX* z, const floatX* w, int B, int T, int H, int D, int cs, int Tp, int norm, float scale) {
-    if (!conv_norm_backward_vec<4>(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale)) {
-        conv_norm_backward_tiles(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, cs, Tp, norm, scale);
+                               const floatX* z, const floatX* w, int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
+    if (!conv_norm_backward_vec<4>(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale)) {
+        conv_norm_backward_tiles(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale);
     }
 }
 
-// Gates (SPEC §3.4-3.6). pre: (B, T, H*gw) floatX from a projection; out head-major (B, H, Tp, gw) fp32.
+// Gates (SPEC §3.4-3.6). pre: (B, T, H*gw) floatX from a projection; out head-major (B, H, Tp, gwp) fp32 (gwp >= gw:
+// the mixer's padded width for a channel decay, whose extra columns are not touched).
 // kind 0: sigmoid gate, out = bmax * sigmoid(pre). kind 1: log decay, out = -exp(A_log[h]) softplus(pre + dt_bias).
 __global__ void gate_forward_kernel(float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias,
-                                    int kind, float bmax, int B, int T, int H, int gw, int Tp) {
+                                    int kind, float bmax, int B, int T, int H, int gw, int gwp, int Tp) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * T * H * gw) { return; }
     int c = (int)(i % (H * gw));
@@ -1119,11 +1122,12 @@ __global__ void gate_forward_kernel(float* out, const floatX* pre, const floatX*
     int t = (int)(bt % T), b = (int)(bt / T), h = c / gw;
     float p = tof(pre[i]);
     float v = kind == 0 ? bmax * sigmoidf_(p) : -expf(tof(a_log[h])) * softplusf_(p + tof(dt_bias[c]));
-    out[hm_index(b, t, c, H, gw, Tp)] = v;
+    out[hm_index(b, t, c, H, gw, gwp, Tp)] = v;
 }
 static void gate_forward(float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias, int kind, float bmax,
-                         int B, int T, int H, int gw, int Tp) {
-    gate_forward_kernel<<<cdiv((long)B * T * H * gw, 256), 256, 0, main_stream>>>(out, pre, a_log, dt_bias, kind, bmax, B, T, H, gw, Tp);
+                         int B, int T, int H, int gw, int gwp, int Tp) {
+    gate_forward_kernel<<<cdiv((long)B * T * H * gw, 256), 256, 0, main_stream>>>(out, pre, a_log, dt_bias, kind, bmax, B, T, H, gw,
+                                                                                  gwp, Tp);
     cudaCheck(cudaGetLastError());
 }
 
@@ -1132,13 +1136,13 @@ static void gate_forward(float* out, const floatX* pre, const floatX* a_log, con
 // tokens and the head's channels it is A_log's gradient)
 __global__ void gate_backward_kernel(floatX* __restrict__ dpre, int ld, float* __restrict__ dpre_f, float* __restrict__ alog_el, const float* __restrict__ dout, const float* __restrict__ out,
                                      const floatX* __restrict__ pre, const floatX* __restrict__ a_log, const floatX* __restrict__ dt_bias, int kind, float bmax,
-                                     int B, int T, int H, int gw, int Tp) {
+                                     int B, int T, int H, int gw, int gwp, int Tp) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * T * H * gw) { return; }
     int c = (int)(i % (H * gw));
     long bt = i / (H * gw);
     int t = (int)(bt % T), b = (int)(bt / T), h = c / gw;
-    long ih = hm_index(b, t, c, H, gw, Tp);
+    long ih = hm_index(b, t, c, H, gw, gwp, Tp);
     float d = dout[ih], o = out[ih], dp;
     if (kind == 0) {
         float sg = o / bmax;
@@ -1162,10 +1166,10 @@ __global__ void sum_groups_kernel(float* out, const float* in, int H, int gw) {
 // of its parameters: ddt_bias (H*gw) and da_log (H) accumulate
 static void gate_backward(floatX* dpre, int ld, float* dpre_f, float* alog_el, float* ddt_bias, float* da_log, float* tmp,
                           const float* dout, const float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias,
-                          int kind, float bmax, int B, int T, int H, int gw, int Tp) {
+                          int kind, float bmax, int B, int T, int H, int gw, int gwp, int Tp) {
     long n = (long)B * T * H * gw;
     gate_backward_kernel<<<cdiv(n, 256), 256, 0, main_stream>>>(dpre, ld, dpre_f, alog_el, dout, out, pre, a_log, dt_bias, kind,
-                                                                bmax, B, T, H, gw, Tp);
+                                                                bmax, B, T, H, gw, gwp, Tp);
     cudaCheck(cudaGetLastError());
     if (kind == 1) {
         colsum_add(ddt_bias, dpre_f, (long)B * T, H * gw);
@@ -1182,16 +1186,17 @@ static void gate_backward(floatX* dpre, int ld, float* dpre_f, float* alog_el, f
 // Output norm (RMSNorm over V, weight shared by the heads) and optional sigmoid gate (SPEC §3.8).
 // o: mixer output head-major floatX; og = on ⊙ sigmoid(gz) (B*T, H*V) floatX, W_o's input. Ungated, og is on itself
 // (pass on = og); gated, on is not stored (on = nullptr): the backward makes it again from o and rstd, bit for bit.
+// o and dO have head-major rows of Vp >= V columns (the mixer's padded head size); the extra ones are not touched.
 // One warp per (b, t, h).
 __global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, const floatX* o, const floatX* w,
-                                          const floatX* gz, int B, int T, int H, int V, int Tp, float eps) {
+                                          const floatX* gz, int B, int T, int H, int V, int Vp, int Tp, float eps) {
     long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= (long)B * T * H) { return; }
     int h = (int)(row % H);
     long bt = row / H;
     int t = (int)(bt % T), b = (int)(bt / T);
-    const floatX* x = o + (((long)b * H + h) * Tp + t) * V;
+    const floatX* x = o + (((long)b * H + h) * Tp + t) * Vp;
     float ss = 0.0f;
     for (int j = lane; j < V; j += 32) { ss += tof(x[j]) * tof(x[j]); }
     ss = warp_sum(ss);
@@ -1211,7 +1216,7 @@ __global__ void onorm_gate_forward_kernel(floatX* on, floatX* og, float* rstd, c
 #define ONORM_ROWS 256
 __global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __restrict__ dgz, float* __restrict__ dgz_f, float* __restrict__ partial, const float* __restrict__ dog,
                                            const floatX* __restrict__ o, const floatX* __restrict__ w, const floatX* __restrict__ gz,
-                                           const float* __restrict__ rstd, int B, int T, int H, int V, int Tp) {
+                                           const float* __restrict__ rstd, int B, int T, int H, int V, int Vp, int Tp) {
     __shared__ float wsum[8][256 + 1]; // per warp, per column (V <= 256)
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     for (int j = lane; j < V; j += 32) { wsum[warp][j] = 0.0f; }
@@ -1220,7 +1225,7 @@ __global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __re
         int h = (int)(row % H);
         long bt = row / H;
         int t = (int)(bt % T), b = (int)(bt / T);
-        long hb = (((long)b * H + h) * Tp + t) * V;
+        long hb = (((long)b * H + h) * Tp + t) * Vp;
         float r = rstd[row], dot = 0.0f;
         for (int j = lane; j < V; j += 32) {
             float dn = dog[row * V + j];
@@ -1257,14 +1262,14 @@ __global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __re
 // backward's per-warp o_norm sums stay in shared memory (each lane owns its columns), then the warps in fixed order.
 template <int NPL>
 __global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rstd, const floatX* o, const floatX* w,
-                                              const floatX* gz, int B, int T, int H, int V, int Tp, float eps) {
+                                              const floatX* gz, int B, int T, int H, int V, int Vp, int Tp, float eps) {
     long row = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
     if (row >= (long)B * T * H) { return; }
     int h = (int)(row % H);
     long bt = row / H;
     int t = (int)(bt % T), b = (int)(bt / T);
-    const floatX* x = o + (((long)b * H + h) * Tp + t) * V; // (V) of the head-major o
+    const floatX* x = o + (((long)b * H + h) * Tp + t) * Vp; // (V) of the head-major o
     float xv[NPL][4], ss = 0.0f;
     #pragma unroll
     for (int k = 0; k < NPL; k++) {
@@ -1294,7 +1299,7 @@ template <int NPL>
 __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* __restrict__ dgz, float* __restrict__ dgz_f,
                                                float* __restrict__ partial, const float* __restrict__ dog,
                                                const floatX* __restrict__ o, const floatX* __restrict__ w, const floatX* __restrict__ gz,
-                                               const float* __restrict__ rstd, int B, int T, int H, int V, int Tp) {
+                                               const float* __restrict__ rstd, int B, int T, int H, int V, int Vp, int Tp) {
     __shared__ float wsum[8][NPL * 128]; // (warp, V) the warps' o_norm gradient sums
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     XV<4> wx[NPL];
@@ -1308,7 +1313,7 @@ __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* 
         int h = (int)(row % H);
         long bt = row / H;
         int t = (int)(bt % T), b = (int)(bt / T);
-        long hb = (((long)b * H + h) * Tp + t) * V;
+        long hb = (((long)b * H + h) * Tp + t) * Vp;
         float r = rstd[row], dot = 0.0f, dn[NPL][4], ov[NPL][4];
         #pragma unroll
         for (int k = 0; k < NPL; k++) {
@@ -1362,28 +1367,28 @@ __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* 
 }
 // launchers: the vector kernels where V allows (the arena aligns every buffer; V % 128 keeps each row aligned)
 static void onorm_gate_forward(floatX* on, floatX* og, float* rstd, const floatX* o, const floatX* w, const floatX* gz,
-                               int B, int T, int H, int V, int Tp, float eps) {
+                               int B, int T, int H, int V, int Vp, int Tp, float eps) {
     long rows = (long)B * T * H;
     bool vec = V % 128 == 0 && V <= 256 && aligned16(on) && aligned16(og) && aligned16(o) && aligned16(w) && (!gz || aligned16(gz));
-    if (vec && V == 128) { onorm_gate_forward_vec_kernel<1><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Tp, eps); }
-    else if (vec) { onorm_gate_forward_vec_kernel<2><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Tp, eps); }
-    else { onorm_gate_forward_kernel<<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Tp, eps); }
+    if (vec && V == 128) { onorm_gate_forward_vec_kernel<1><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Vp, Tp, eps); }
+    else if (vec) { onorm_gate_forward_vec_kernel<2><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Vp, Tp, eps); }
+    else { onorm_gate_forward_kernel<<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Vp, Tp, eps); }
     cudaCheck(cudaGetLastError());
 }
 // dO, dgz (+ dgz_f), and dw += the o_norm weight's gradient
 static void onorm_gate_backward(floatX* dO, floatX* dgz, float* dgz_f, float* dw, const float* dog, const floatX* o,
                                 const floatX* w, const floatX* gz, const float* rstd, int B, int T, int H,
-                                int V, int Tp) {
+                                int V, int Vp, int Tp) {
     int nblk = cdiv((long)B * T * H, ONORM_ROWS);
     float* partial = colsum_partials(nblk, V);
     bool vec = V % 128 == 0 && V <= 256 && aligned16(dO) && aligned16(dog) && aligned16(o) && aligned16(w) &&
                (!gz || (aligned16(gz) && aligned16(dgz) && aligned16(dgz_f)));
     if (vec && V == 128) {
-        onorm_gate_backward_vec_kernel<1><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Tp);
+        onorm_gate_backward_vec_kernel<1><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Vp, Tp);
     } else if (vec) {
-        onorm_gate_backward_vec_kernel<2><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Tp);
+        onorm_gate_backward_vec_kernel<2><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Vp, Tp);
     } else {
-        onorm_gate_backward_kernel<<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Tp);
+        onorm_gate_backward_kernel<<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Vp, Tp);
     }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nblk, V);
@@ -1406,7 +1411,9 @@ __global__ void swiglu_forward_kernel(floatX* out, const floatX* gate, const flo
     }
     *(XPack*)(out + i) = o;
 }
-__global__ void swiglu_backward_kernel(floatX* dgate, floatX* dup, const floatX* dout, const floatX* gate, const floatX* up, long n) {
+// out (optional): the forward's output again, bit for bit, from the same reads (W_down's weight gradient needs it)
+__global__ void swiglu_backward_kernel(floatX* dgate, floatX* dup, floatX* out, const floatX* dout, const floatX* gate,
+                                       const floatX* up, long n) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * XVEC;
     if (i >= n) { return; }
     if (i + XVEC > n) {
@@ -1414,29 +1421,33 @@ __global__ void swiglu_backward_kernel(floatX* dgate, floatX* dup, const floatX*
             float gv = tof(gate[i]), uv = tof(up[i]), s = sigmoidf_(gv), dv = tof(dout[i]);
             dgate[i] = fromf<floatX>(dv * uv * s * (1.0f + gv * (1.0f - s)));
             dup[i] = fromf<floatX>(dv * gv * s);
+            if (out) { out[i] = fromf<floatX>(gv * sigmoidf_(gv) * uv); }
         }
         return;
     }
-    XPack g = *(const XPack*)(gate + i), u = *(const XPack*)(up + i), d = *(const XPack*)(dout + i), dg, du;
+    XPack g = *(const XPack*)(gate + i), u = *(const XPack*)(up + i), d = *(const XPack*)(dout + i), dg, du, o;
     #pragma unroll
     for (int k = 0; k < XVEC; k++) {
         float gv = tof(g.v[k]), uv = tof(u.v[k]), s = sigmoidf_(gv), dv = tof(d.v[k]);
         dg.v[k] = fromf<floatX>(dv * uv * s * (1.0f + gv * (1.0f - s)));
         du.v[k] = fromf<floatX>(dv * gv * s);
+        o.v[k] = fromf<floatX>(gv * sigmoidf_(gv) * uv); // the forward's expression (s is the same value)
     }
     *(XPack*)(dgate + i) = dg;
     *(XPack*)(dup + i) = du;
+    if (out) { *(XPack*)(out + i) = o; }
 }
 static void swiglu_forward(floatX* out, const floatX* gate, const floatX* up, long n) {
     if (!aligned16(out) || !aligned16(gate) || !aligned16(up)) { fail(EXIT_SYSTEM, "swiglu: unaligned buffers"); }
     swiglu_forward_kernel<<<cdiv(cdiv(n, XVEC), 256), 256, 0, main_stream>>>(out, gate, up, n);
     cudaCheck(cudaGetLastError());
 }
-static void swiglu_backward(floatX* dgate, floatX* dup, const floatX* dout, const floatX* gate, const floatX* up, long n) {
-    if (!aligned16(dgate) || !aligned16(dup) || !aligned16(dout) || !aligned16(gate) || !aligned16(up)) {
+static void swiglu_backward(floatX* dgate, floatX* dup, floatX* out, const floatX* dout, const floatX* gate, const floatX* up,
+                            long n) {
+    if (!aligned16(dgate) || !aligned16(dup) || !aligned16(out) || !aligned16(dout) || !aligned16(gate) || !aligned16(up)) {
         fail(EXIT_SYSTEM, "swiglu: unaligned buffers");
     }
-    swiglu_backward_kernel<<<cdiv(cdiv(n, XVEC), 256), 256, 0, main_stream>>>(dgate, dup, dout, gate, up, n);
+    swiglu_backward_kernel<<<cdiv(cdiv(n, XVEC), 256), 256, 0, main_stream>>>(dgate, dup, out, dout, gate, up, n);
     cudaCheck(cudaGetLastError());
 }
 
@@ -3580,12 +3591,15 @@ static MixerPlan mixer_plan(const ChunkShape& s) {
     p.finish_rows = s.gk <= 1 && s.K == 128 && s.V == 128;
     return p;
 }
-static void mixer_plan_print(const ChunkShape& s) {
+// K, V: the model's head sizes (s has the padded ones, mixer_pad)
+static void mixer_plan_print(const ChunkShape& s, int K, int V) {
     MixerPlan p = mixer_plan(s);
+    char pad[96] = "";
+    if (K != s.K || V != s.V) { snprintf(pad, sizeof pad, " (the model's %d, %d with zero columns)", K, V); }
     const char* scores = s.gk > 1 ? (p.scores_tc ? "channel-decay scores on tensor cores" : "channel-decay scores by FMA (exact)")
                                   : (p.scores_fused ? "scores + inverse fused on tensor cores"
                                                     : "scores by batched GEMMs + mask, blocked inverse");
-    printf("mixer kernels (K %d, V %d, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, s.C,
+    printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, pad, s.C,
            p.scan_wmma ? "state scans on tensor cores (they make O and P^T dO too)" : "SIMT fp32 state scans + batched GEMMs",
            scores, p.finish_rows ? "a warp per row" : "a block per chunk");
 }
@@ -3898,6 +3912,11 @@ struct Acts {
 };
 
 static int decay_width(const PdnConfig* c) { return c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : c->head_k; }
+// The mixer's head sizes on the GPU: K and V rounded up to a multiple of 16, the tensor cores' tile (the paper's 1b
+// KDA has K = V = 120). Head-major rows carry the extra columns as zeros that nothing writes: zero keys, queries and
+// values (and a zero log-decay) leave the state's extra rows and columns zero, so the outputs and the gradients of
+// the real columns are those of the unpadded mixer, on the fast kernels. Both builds pad (gpu_check compares both).
+static int mixer_pad(int X) { return (X + 15) / 16 * 16; }
 
 // the mixer's buffers, in one place for the trainer and the kernel lab: what a layer keeps for its backward, and the
 // scratch all layers share (the backward's part only with grads; the diagonal preconditioner's only with diag)
@@ -3936,7 +3955,8 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     a.Tp = Tp; a.NC = NC;
     int d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c), I = c->mlp_hidden, L = c->n_layer;
     int gk = decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
-    a.cs = ChunkShape{B, H, T, Tp, C, NC, K, V, gk, (long)B * H * NC};
+    int Kp = mixer_pad(K), Vp = mixer_pad(V), gwp = gk > 1 ? Kp : 1; // head-major widths (mixer_pad)
+    a.cs = ChunkShape{B, H, T, Tp, C, NC, Kp, Vp, gk > 1 ? Kp : gk, (long)B * H * NC};
     a.ip = in_proj_layout(&m->lay);
     long N = (long)B * T, rows = (long)B * H * Tp;
     int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
@@ -3952,17 +3972,17 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         memset(&la, 0, sizeof(la));
         ar.add(&la.ln1_rstd, N);
         ar.add(&la.qp, N * HK); ar.add(&la.kp, N * HK); ar.add(&la.vp, N * HV);
-        ar.add(&la.qn, rows * K); ar.add(&la.kn, rows * K); ar.add(&la.v, rows * V);
-        if (diag || exact) { ar.add(&la.kt, rows * K); }
+        ar.add(&la.qn, rows * Kp); ar.add(&la.kn, rows * Kp); ar.add(&la.v, rows * Vp);
+        if (diag || exact) { ar.add(&la.kt, rows * Kp); }
         ar.add(&la.q_rstd, N * H); ar.add(&la.k_rstd, N * H);
         ar.add(&la.beta_pre, N * H); ar.add(&la.beta, rows);
         if (chan) { ar.add(&la.f1, N * V); }
-        if (gk) { ar.add(&la.g_pre, N * H * gw); ar.add(&la.g, rows * gw); }
+        if (gk) { ar.add(&la.g_pre, N * H * gw); ar.add(&la.g, rows * gwp); }
         if (diag) {
             ar.add(&la.gp_pre, N * H); ar.add(&la.bp_pre, N * H); ar.add(&la.gp, rows); ar.add(&la.betap, rows);
-            ar.add(&la.astat, rows * K);
+            ar.add(&la.astat, rows * Kp);
         }
-        if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * K * K); }
+        if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * Kp * Kp); }
         mixer_saved_add(ar, &la.mx, a.cs);
         ar.add(&la.o_rstd, N * H); ar.add(&la.og, N * HV);
         if (c->out_gate) { ar.add(&la.g1, N * V); ar.add(&la.gz, N * HV); }
@@ -3982,16 +4002,16 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln, N * d);
         ar.add(&g.dma_x, N * I); ar.add(&g.dog, N * HV); ar.add(&g.wprod, wp);
         ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
-        ar.add(&g.dO_x, rows * V);
+        ar.add(&g.dO_x, rows * Vp);
         ar.add(&g.din_x, N * a.ip.width); ar.add(&g.win_x, (long)a.ip.width * d);
         if (c->out_gate) { ar.add(&g.dgz_f, N * HV); ar.add(&g.dgz_x, N * HV); }
         if (chan) { ar.add(&g.dg_pre_x, N * H * gw); } // W_f2's output gradient (f1's goes into din_x)
-        if (gk) { ar.add(&g.dg, rows * gw); }
+        if (gk) { ar.add(&g.dg, rows * gwp); }
         ar.add(&g.dg_pre_f, N * H * gw);
         ar.add(&g.alog_prod, N * H * gw);
         if (diag) { ar.add(&g.dgp, rows); ar.add(&g.dbp, rows); }
-        if (exact) { ar.add(&g.pbuf, (long)B * H * (C + 1) * K * K); }
-        ar.add(&g.dq, rows * K); ar.add(&g.dkh, rows * K); ar.add(&g.dkt, rows * K); ar.add(&g.dv, rows * V);
+        if (exact) { ar.add(&g.pbuf, (long)B * H * (C + 1) * Kp * Kp); }
+        ar.add(&g.dq, rows * Kp); ar.add(&g.dkh, rows * Kp); ar.add(&g.dkt, rows * Kp); ar.add(&g.dv, rows * Vp);
         ar.add(&g.dbeta, rows);
         ar.add(&g.bucket_tok, N); ar.add(&g.bucket_start, N + 1); ar.add(&g.bucket_pos, N);
     }
@@ -4009,7 +4029,7 @@ static void acts_free(Acts* a) { a->arena.release(); }
 struct RecState {
     int B;
     floatX *hq, *hk, *hv;   // (L, B, cs-1, HK | HK | HV)
-    float *S, *a, *P;       // (L, B, H, K, V), (L, B, H, K), (L, B, H, K, K)
+    float *S, *a, *P;       // (L, B, H, Kp, Vp), (L, B, H, Kp), (L, B, H, Kp, Kp): the mixer's padded head sizes
     Arena arena;
 };
 
@@ -4017,13 +4037,14 @@ static RecState recstate_alloc(const PdnConfig* c, int B) {
     RecState r;
     r.B = B;
     long L = c->n_layer, H = c->n_head, K = c->head_k, V = pdn_head_v(c), cs1 = c->conv_size - 1;
+    long Kp = mixer_pad((int)K), Vp = mixer_pad((int)V);
     r.arena.add(&r.hq, L * B * cs1 * H * K + 1); r.arena.add(&r.hk, L * B * cs1 * H * K + 1);
-    r.arena.add(&r.hv, L * B * cs1 * H * V + 1); r.arena.add(&r.S, L * B * H * K * V); r.arena.add(&r.a, L * B * H * K);
-    r.arena.add(&r.P, c->precond == PRECOND_EXACT ? L * B * H * K * K : 1);
+    r.arena.add(&r.hv, L * B * cs1 * H * V + 1); r.arena.add(&r.S, L * B * H * Kp * Vp); r.arena.add(&r.a, L * B * H * Kp);
+    r.arena.add(&r.P, c->precond == PRECOND_EXACT ? L * B * H * Kp * Kp : 1);
     r.arena.alloc();
     if (c->precond == PRECOND_EXACT) {
-        std::vector<float> P((size_t)(L * B * H * K * K), 0.0f);
-        for (size_t e = 0; e < P.size(); e++) { P[e] = (e % (K * K)) % (K + 1) == 0 ? 1.0f / c->ridge : 0.0f; }
+        std::vector<float> P((size_t)(L * B * H * Kp * Kp), 0.0f); // I / ridge (the padding's block too: it stays apart)
+        for (size_t e = 0; e < P.size(); e++) { P[e] = (e % (Kp * Kp)) % (Kp + 1) == 0 ? 1.0f / c->ridge : 0.0f; }
         cudaCheck(cudaMemcpy(r.P, P.data(), P.size() * sizeof(float), cudaMemcpyHostToDevice));
     }
     return r;
@@ -4379,6 +4400,7 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     long N = (long)B * T;
     float eps = c->norm_eps, qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
     const ChunkShape& s = a->cs;
+    int Kp = s.K, Vp = s.V; // head-major widths (mixer_pad)
     LayerActs& la = a->L[l];
     const floatX* x = a->resid + (long)l * N * d;
     long lb = (long)l * (rs ? rs->B : 0);
@@ -4391,9 +4413,9 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     floatX* hk = rs ? rs->hk + lb * (cs - 1) * HK : nullptr;
     floatX* hv = rs ? rs->hv + lb * (cs - 1) * HV : nullptr;
     // (the conv outputs before SiLU are not kept: the backward makes them again from qp, kp, vp)
-    conv_norm_forward(nullptr, la.qn, la.q_rstd, la.qp, PP(T_CONV_Q, l), hq, B, T, H, K, cs, Tp, 1, qscale);
-    conv_norm_forward(nullptr, la.kn, la.k_rstd, la.kp, PP(T_CONV_K, l), hk, B, T, H, K, cs, Tp, 1, 1.0f);
-    conv_norm_forward(nullptr, la.v, nullptr, la.vp, PP(T_CONV_V, l), hv, B, T, H, V, cs, Tp, 0, 1.0f);
+    conv_norm_forward(nullptr, la.qn, la.q_rstd, la.qp, PP(T_CONV_Q, l), hq, B, T, H, K, Kp, cs, Tp, 1, qscale);
+    conv_norm_forward(nullptr, la.kn, la.k_rstd, la.kp, PP(T_CONV_K, l), hk, B, T, H, K, Kp, cs, Tp, 1, 1.0f);
+    conv_norm_forward(nullptr, la.v, nullptr, la.vp, PP(T_CONV_V, l), hv, B, T, H, V, Vp, cs, Tp, 0, 1.0f);
     if (rs && cs > 1) {
         conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hq, la.qp, B, T, HK, cs);
         conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hk, la.kp, B, T, HK, cs);
@@ -4403,37 +4425,37 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     }
     { PROF("fwd.gates");
     matmul_forward(la.beta_pre, a->ln, PP(T_WB, l), nullptr, (int)N, d, H);
-    gate_forward(la.beta, la.beta_pre, nullptr, nullptr, 0, bmax, B, T, H, 1, Tp);
+    gate_forward(la.beta, la.beta_pre, nullptr, nullptr, 0, bmax, B, T, H, 1, 1, Tp);
     if (c->decay == DECAY_SCALAR) {
         matmul_forward(la.g_pre, a->ln, PP(T_WA, l), nullptr, (int)N, d, H);
-        gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, Tp);
+        gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, 1, Tp);
     } else if (c->decay == DECAY_CHANNEL) {
         matmul_forward(la.f1, a->ln, PP(T_WF1, l), nullptr, (int)N, d, V);
         matmul_forward(la.g_pre, la.f1, PP(T_WF2, l), nullptr, (int)N, V, HK);
-        gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Tp);
+        gate_forward(la.g, la.g_pre, PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Kp, Tp);
     }
     if (c->precond == PRECOND_DIAG) {
         matmul_forward(la.gp_pre, a->ln, PP(T_WAP, l), nullptr, (int)N, d, H);
         matmul_forward(la.bp_pre, a->ln, PP(T_WBP, l), nullptr, (int)N, d, H);
-        gate_forward(la.gp, la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 0.0f, B, T, H, 1, Tp);
-        gate_forward(la.betap, la.bp_pre, nullptr, nullptr, 0, 1.0f, B, T, H, 1, Tp);
+        gate_forward(la.gp, la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 0.0f, B, T, H, 1, 1, Tp);
+        gate_forward(la.betap, la.bp_pre, nullptr, nullptr, 0, 1.0f, B, T, H, 1, 1, Tp);
     } }
     { PROF("fwd.precond");
     if (c->precond == PRECOND_DIAG) {
-        float* a0 = rs ? rs->a + lb * H * K : nullptr;
+        float* a0 = rs ? rs->a + lb * H * Kp : nullptr; // (the padded channels: zero keys, zero statistic, zero k̃)
         PrecondBufs pb = a->sc.pc;
         pb.astat = la.astat;
-        precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, B, H, a->NC, m->C, K,
+        precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, B, H, a->NC, m->C, Kp,
                              c->squash_x, c->precond_eps);
     } else if (c->precond == PRECOND_EXACT) {
-        float* P0 = rs ? rs->P + lb * H * K * K : nullptr;
-        size_t sm = ((size_t)K * K + 2 * K) * sizeof(float);
-        precond_exact_forward_kernel<<<B * H, 256, sm, main_stream>>>(la.kt, la.pstate, la.kn, P0, P0, T, Tp, K, m->C,
+        float* P0 = rs ? rs->P + lb * H * Kp * Kp : nullptr;
+        size_t sm = ((size_t)Kp * Kp + 2 * Kp) * sizeof(float);
+        precond_exact_forward_kernel<<<B * H, 256, sm, main_stream>>>(la.kt, la.pstate, la.kn, P0, P0, T, Tp, Kp, m->C,
                                                                       a->NC, c->ridge);
         cudaCheck(cudaGetLastError());
     }
     }
-    float* S0 = rs ? rs->S + lb * H * K * V : nullptr;
+    float* S0 = rs ? rs->S + lb * H * Kp * Vp : nullptr;
     delta_chunk_forward(&la.mx, &a->sc, la.qn, la.kn, la.kt, la.v, la.beta, la.g, S0, S0, s);
     { PROF("fwd.onorm+gate+o");
     if (c->out_gate) {
@@ -4441,7 +4463,7 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
         matmul_forward(la.gz, la.g1, PP(T_WG2, l), PP(T_BG2, l), (int)N, V, HV);
     }
     onorm_gate_forward(c->out_gate ? nullptr : la.og, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr,
-                       B, T, H, V, Tp, eps);
+                       B, T, H, V, Vp, Tp, eps);
     matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d);
     rmsnorm_forward(la.h, a->ln, la.ln2_rstd, x, a->ymix, PP(T_MLP_NORM, l), N, d, eps); }
     PROF("fwd.mlp");
@@ -4484,6 +4506,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), L = c->n_layer;
     long N = (long)B * T;
     float eps = c->norm_eps, qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
+    int Kp = a->cs.K, Vp = a->cs.V; // head-major widths (mixer_pad)
     GradBufs& g = a->gb;
     int head = c->tie_embeddings ? T_WTE : T_LM_HEAD;
     const InProj& ip = a->ip;
@@ -4503,7 +4526,9 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         LayerActs& la = a->L[l];
         const floatX* x = a->resid + (long)l * N * d;
         // The last layer's activations, a->ln (its ln2) and a->ma among them, are still those of the forward just
-        // run; for the others, --recompute runs the layer again from its input, else ln2 and ma are made again.
+        // run; for the others, --recompute runs the layer again from its input, else ln2 is made again here and ma
+        // by the SwiGLU backward (from the reads it makes anyway).
+        bool fresh = l == L - 1 || a->recompute;
         if (l < L - 1) {
             PROF("bwd.recompute");
             if (a->recompute) {
@@ -4511,13 +4536,13 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                 layer_forward(m, a, l, nullptr, 1);
             } else {
                 rmsnorm_apply(a->ln, la.h, la.ln2_rstd, PP(T_MLP_NORM, l), N, d);
-                swiglu_forward(a->ma, la.mg, la.mu, N * I);
             }
         }
         // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2); g.dresid = dL/dout, g.dresid_x its floatX copy
         { PROF("bwd.mlp+norm");
-        matmul_backward(g.dma_x, DINP_SETX, GG(T_WDOWN, l), g.dresid_x, a->ma, PP(T_WDOWN, l), (int)N, I, d);
-        swiglu_backward(g.dmg_x, g.dmu_x, g.dma_x, la.mg, la.mu, N * I);
+        matmul_backward(g.dma_x, DINP_SETX, nullptr, g.dresid_x, nullptr, PP(T_WDOWN, l), (int)N, I, d);
+        swiglu_backward(g.dmg_x, g.dmu_x, fresh ? nullptr : a->ma, g.dma_x, la.mg, la.mu, N * I);
+        matmul_backward(nullptr, 0, GG(T_WDOWN, l), g.dresid_x, a->ma, nullptr, (int)N, I, d);
         matmul_backward(g.dln, DINP_SET, GG(T_WGATE, l), g.dmg_x, a->ln, PP(T_WGATE, l), (int)N, d, I);
         matmul_backward(g.dln, DINP_ADD, GG(T_WUP, l), g.dmu_x, a->ln, PP(T_WUP, l), (int)N, d, I);
         // dh = dresid + the norm's backward (and its floatX copy for the output projection)
@@ -4528,7 +4553,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         { PROF("bwd.o+onorm+gate");
         matmul_backward(g.dog, DINP_SET, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
         onorm_gate_backward(g.dO_x, g.dgz_x, g.dgz_f, GG(T_O_NORM, l), g.dog, la.mx.O, PP(T_O_NORM, l),
-                            c->out_gate ? la.gz : nullptr, la.o_rstd, B, T, H, V, Tp);
+                            c->out_gate ? la.gz : nullptr, la.o_rstd, B, T, H, V, Vp, Tp);
         if (c->out_gate) {
             colsum_add(GG(T_BG2, l), g.dgz_f, N, HV);
             matmul_backward(din(T_WG1), DINP_SETX, GG(T_WG2, l), g.dgz_x, la.g1, PP(T_WG2, l), (int)N, V, HV, 0, ldi);
@@ -4541,34 +4566,34 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
             PrecondBufs pb = a->sc.pc;
             pb.astat = la.astat;
             precond_diag_backward(g.dkh, g.dgp, g.dbp, GG(T_LOG_ATK_SCALE, l), pb, g.dkt, la.kn, la.gp, la.betap,
-                                  PP(T_LOG_ATK_SCALE, l), B, H, a->NC, m->C, K, c->squash_x, c->precond_eps);
+                                  PP(T_LOG_ATK_SCALE, l), B, H, a->NC, m->C, Kp, c->squash_x, c->precond_eps);
         } else if (c->precond == PRECOND_EXACT) {
-            size_t sm = ((size_t)K * K + 5 * K) * sizeof(float);
-            precond_exact_backward_kernel<<<B * H, 256, sm, main_stream>>>(g.dkh, g.pbuf, g.dkt, la.kn, la.pstate, T, Tp, K,
+            size_t sm = ((size_t)Kp * Kp + 5 * Kp) * sizeof(float);
+            precond_exact_backward_kernel<<<B * H, 256, sm, main_stream>>>(g.dkh, g.pbuf, g.dkt, la.kn, la.pstate, T, Tp, Kp,
                                                                            m->C, a->NC);
             cudaCheck(cudaGetLastError());
         } }
         { PROF("bwd.gates");
         if (c->precond == PRECOND_DIAG) {
             gate_backward(din(T_WAP), ldi, g.dg_pre_f, g.alog_prod, GG(T_DT_BIASP, l), GG(T_A_LOGP, l), g.wprod, g.dgp, la.gp,
-                          la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 1.0f, B, T, H, 1, Tp);
+                          la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 1.0f, B, T, H, 1, 1, Tp);
             gate_backward(din(T_WBP), ldi, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr,
-                          nullptr, 0, 1.0f, B, T, H, 1, Tp);
+                          nullptr, 0, 1.0f, B, T, H, 1, 1, Tp);
         }
         if (c->decay == DECAY_SCALAR) {
             gate_backward(din(T_WA), ldi, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
-                          PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, Tp);
+                          PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, 1, Tp);
         } else if (c->decay == DECAY_CHANNEL) {
             gate_backward(g.dg_pre_x, HK, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
-                          PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Tp);
+                          PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Kp, Tp);
             matmul_backward(din(T_WF1), DINP_SETX, GG(T_WF2, l), g.dg_pre_x, la.f1, PP(T_WF2, l), (int)N, V, HK, 0, ldi);
         }
         gate_backward(din(T_WB), ldi, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
-                      0, bmax, B, T, H, 1, Tp); }
+                      0, bmax, B, T, H, 1, 1, Tp); }
         { PROF("bwd.l2norm+conv");
-        conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, nullptr, la.qp, PP(T_CONV_Q, l), B, T, H, K, cs, Tp, 1, qscale);
-        conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, nullptr, la.kp, PP(T_CONV_K, l), B, T, H, K, cs, Tp, 1, 1.0f);
-        conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, nullptr, la.vp, PP(T_CONV_V, l), B, T, H, V, cs, Tp, 0, 1.0f); }
+        conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, nullptr, la.qp, PP(T_CONV_Q, l), B, T, H, K, Kp, cs, Tp, 1, qscale);
+        conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, nullptr, la.kp, PP(T_CONV_K, l), B, T, H, K, Kp, cs, Tp, 1, 1.0f);
+        conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, nullptr, la.vp, PP(T_CONV_V, l), B, T, H, V, Vp, cs, Tp, 0, 1.0f); }
         PROF("bwd.matmul.in_proj+norm");
         // each weight's gradient from its slice (over ln1, made again); ln1's from all of them in one GEMM over the
         // packed weights
@@ -4849,7 +4874,7 @@ int main(int argc, char** argv) {
     DataSource ds;
     Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds, rank, world);
     if (tc.count_params) { print_param_table(&mc); return 0; }
-    if (mc.precond == PRECOND_EXACT && mc.head_k > 128) { fail(EXIT_USAGE, "the exact preconditioner on the GPU needs --head-dim <= 128"); }
+    if (mc.precond == PRECOND_EXACT && mixer_pad(mc.head_k) > 128) { fail(EXIT_USAGE, "the exact preconditioner on the GPU needs --head-dim <= 128"); }
     if (mc.conv_size > CONV_CS_MAX) { fail(EXIT_USAGE, "--conv-size must be <= %d on the GPU", CONV_CS_MAX); }
     if (mc.head_k > 256 || pdn_head_v(&mc) > 256) {
         fail(EXIT_USAGE, "the GPU trainer needs key and value head dims of at most 256 (got K %d, V %d)", mc.head_k, pdn_head_v(&mc));
@@ -4859,7 +4884,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop = gpu_setup(device);
     dist_connect(&tc, device); // several processes: rendezvous and NCCL (fails with a message, never hangs)
     if (mc.decay == DECAY_CHANNEL) {
-        ChunkShape cs{1, 1, 1, tc.chunk, tc.chunk, 1, mc.head_k, pdn_head_v(&mc), mc.head_k, 1};
+        int Kp = mixer_pad(mc.head_k);
+        ChunkShape cs{1, 1, 1, tc.chunk, tc.chunk, 1, Kp, mixer_pad(pdn_head_v(&mc)), Kp, 1};
         if (smem_scores_channel_bwd(cs) > (size_t)smem_optin) {
             fail(EXIT_USAGE, "channel decay on this GPU supports key head dims up to about 128 (got %d)", mc.head_k);
         }
@@ -4914,7 +4940,7 @@ int main(int argc, char** argv) {
     }
 
     Acts acts = acts_alloc(&m, tc.B, tc.T, 1, tc.recompute);
-    mixer_plan_print(acts.cs);
+    mixer_plan_print(acts.cs, mc.head_k, pdn_head_v(&mc));
     printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB (%d x %.1f MiB kept per layer%s, %.1f MiB "
            "shared)%s\n",
            (m.lay.num_elems * (sizeof(floatX) + 4.0) + m.n_opt * 12.0 +

@@ -30,7 +30,9 @@ Versions:
 CPU reference in double from the inputs as the device sees them (z, w, history rounded to floatX; pre and o rounded
 to floatX where the device stores or rounds them).
 Validation: B=2, H=3, T=200 (a partial last tile of 8 tokens), D = 16, 32, 36 (not a multiple of 8: the element-wise
-staging path and the v2 fallback), 128, 256 (v3 at 32 lanes per token; v4 falls back to v2); cs = 4 and 2; with and without the norm (q is scaled by 1/sqrt(D)); the forward also with a
+staging path and the v2 fallback), 120 (the 1b KDA), 128, 256 (v3 at 32 lanes per token; v4 falls back to v2); cs = 4
+and 2; head-major rows of D rounded up to a multiple of 16 (36 -> 48, 120 -> 128: the trainer's padded mixer rows;
+v1 only where that is D); with and without the norm (q is scaled by 1/sqrt(D)); the forward also with a
 history (generation). Tolerances (relative L2): pre, out, dz are floatX: 1e-2 in bf16 (one rounding, rms ~1e-3;
 the backward also starts from the rounded out), 1e-5 / 1e-4 in fp32; rstd 1e-3 in bf16 (from rounded o), 1e-5 in
 fp32; dw (fp32 sums over B*T tokens of a gradient that carries bf16 inputs) 1e-2 in bf16, 1e-4 in fp32.
@@ -229,11 +231,11 @@ static void conv_norm_backward_v1(floatX* dz, float* dw, const float* dy, const 
 
 // ----------------------------------------------------------------------------------------------------
 
-struct CvShape { int B, T, H, D, cs, Tp; };
+struct CvShape { int B, T, H, D, cs, Tp, Dp; }; // Dp: the head-major row width (the trainer pads the mixer's heads)
 struct CvDev { floatX *z, *w, *hist, *pre, *out, *dz; float *rstd, *dy, *dw; };
 
 static void cv_alloc(CvDev& d, const CvShape& s) {
-    size_t n = (size_t)s.B * s.T * s.H * s.D, nh = (size_t)s.B * s.H * s.Tp * s.D, Ch = (size_t)s.H * s.D;
+    size_t n = (size_t)s.B * s.T * s.H * s.D, nh = (size_t)s.B * s.H * s.Tp * s.Dp, Ch = (size_t)s.H * s.D;
     cudaCheck(cudaMalloc(&d.z, n * sizeof(floatX))); cudaCheck(cudaMalloc(&d.w, Ch * s.cs * sizeof(floatX)));
     cudaCheck(cudaMalloc(&d.hist, (size_t)s.B * (s.cs - 1 + 1) * Ch * sizeof(floatX)));
     cudaCheck(cudaMalloc(&d.pre, n * sizeof(floatX))); cudaCheck(cudaMalloc(&d.out, nh * sizeof(floatX)));
@@ -249,28 +251,28 @@ static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale,
     const floatX* h = hist ? d.hist : nullptr;
     float* r = norm ? d.rstd : nullptr;
     if (v == 1) { conv_norm_forward_v1(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 2) { conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 4 || v == 5) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (!conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale)) {
-        conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale);
+    else if (v == 2) { conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
+    else if (v == 4 || v == 5) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
+    else if (!conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale)) {
+        conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale);
     }
 }
 static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale) {
     const float* r = norm ? d.rstd : nullptr;
     int ld = s.H * s.D;
     if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 2) { conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 4) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 5) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, nullptr, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (!conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale)) {
-        conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale);
+    else if (v == 2) { conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
+    else if (v == 4) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
+    else if (v == 5) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, nullptr, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
+    else if (!conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale)) {
+        conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale);
     }
 }
 
 static void validate_case(int version_sel, const CvShape& s, int norm, int hist, uint64_t seed) {
-    int B = s.B, T = s.T, H = s.H, D = s.D, cs = s.cs, Tp = s.Tp, Ch = H * D;
+    int B = s.B, T = s.T, H = s.H, D = s.D, cs = s.cs, Tp = s.Tp, Dp = s.Dp, Ch = H * D;
     float scale = norm ? 1.0f / sqrtf((float)D) : 1.0f;
-    size_t n = (size_t)B * T * Ch, nh = (size_t)B * H * Tp * D, nw = (size_t)Ch * cs, nhist = (size_t)B * (cs - 1) * Ch;
+    size_t n = (size_t)B * T * Ch, nh = (size_t)B * H * Tp * Dp, nw = (size_t)Ch * cs, nhist = (size_t)B * (cs - 1) * Ch;
     LabRng rng(seed);
     std::vector<float> z(n), w(nw), hs(nhist), dy(nh, 0.0f), dw0(nw);
     for (auto& x : z) { x = lab_round((float)rng.normal()); }
@@ -279,7 +281,7 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < H; h++) {
             for (int t = 0; t < T; t++) {
-                for (int j = 0; j < D; j++) { dy[(((size_t)b * H + h) * Tp + t) * D + j] = (float)rng.normal(); }
+                for (int j = 0; j < D; j++) { dy[(((size_t)b * H + h) * Tp + t) * Dp + j] = (float)rng.normal(); }
             }
         }
     }
@@ -314,7 +316,7 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < T; t++) {
             for (int h = 0; h < H; h++) {
-                size_t i0 = ((size_t)b * T + t) * Ch + (size_t)h * D, d0 = (((size_t)b * H + h) * Tp + t) * D;
+                size_t i0 = ((size_t)b * T + t) * Ch + (size_t)h * D, d0 = (((size_t)b * H + h) * Tp + t) * Dp;
                 double dot = 0.0, r = rstd[((size_t)b * T + t) * H + h];
                 for (int j = 0; j < D; j++) { dot += (double)dy[d0 + j] * o[i0 + j]; }
                 for (int j = 0; j < D; j++) {
@@ -352,6 +354,7 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
     cudaCheck(cudaMemcpy(d.dy, dy.data(), nh * sizeof(float), cudaMemcpyHostToDevice));
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
+        if (v == 1 && Dp != D) { continue; } // v1 has no row stride
         lab_poison(d.pre, n * sizeof(floatX)); lab_poison(d.out, nh * sizeof(floatX)); lab_poison(d.dz, n * sizeof(floatX));
         lab_poison(d.rstd, (size_t)B * T * H * sizeof(float));
         cudaCheck(cudaMemcpy(d.dw, dw0.data(), nw * sizeof(float), cudaMemcpyHostToDevice));
@@ -367,7 +370,7 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
             for (int h = 0; h < H; h++) {
                 for (int t = 0; t < T; t++) {
                     for (int j = 0; j < D; j++) {
-                        go[((size_t)b * T + t) * Ch + (size_t)h * D + j] = gh[(((size_t)b * H + h) * Tp + t) * D + j];
+                        go[((size_t)b * T + t) * Ch + (size_t)h * D + j] = gh[(((size_t)b * H + h) * Tp + t) * Dp + j];
                     }
                 }
             }
@@ -393,10 +396,10 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
 }
 
 static void bench(int version_sel) {
-    CvShape s{16, 2048, 8, 128, 4, 2048};
+    CvShape s{16, 2048, 8, 128, 4, 2048, 128};
     CvDev d;
     cv_alloc(d, s);
-    long n = (long)s.B * s.T * s.H * s.D, nh = (long)s.B * s.H * s.Tp * s.D;
+    long n = (long)s.B * s.T * s.H * s.D, nh = (long)s.B * s.H * s.Tp * s.Dp;
     lab_fill(d.z, n, FILL_NORMAL, 0.0f, 1.0f, 41);
     lab_fill(d.w, (long)s.H * s.D * s.cs, FILL_NORMAL, 0.0f, 0.5f, 42);
     lab_fill(d.dy, nh, FILL_NORMAL, 0.0f, 1.0f, 43);
@@ -408,7 +411,7 @@ static void bench(int version_sel) {
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
         double tf = v == 5 ? bench_ms([&] { // as the trainer runs it: no pre
-                                 conv_norm_forward(nullptr, d.out, d.rstd, d.z, d.w, nullptr, s.B, s.T, s.H, s.D, s.cs, s.Tp, 1, 1.0f);
+                                 conv_norm_forward(nullptr, d.out, d.rstd, d.z, d.w, nullptr, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, 1, 1.0f);
                              })
                            : bench_ms([&] { cv_forward(d, v, s, 1, 1.0f, 0); });
         double fb = v == 5 ? fbytes * 2 / 3 : fbytes;
@@ -430,9 +433,9 @@ int main(int argc, char** argv) {
     if (a.validate) {
         printf("\n=== validation: conv_norm (%s) vs the CPU reference in double; B=2 H=3 T=200 ===\n", PRECISION_NAME);
         uint64_t seed = 300;
-        for (int D : {16, 32, 36, 128, 256}) {
+        for (int D : {16, 32, 36, 120, 128, 256}) {
             for (int cs : {4, 2}) {
-                CvShape s{2, 200, 3, D, cs, 256};
+                CvShape s{2, 200, 3, D, cs, 256, (D + 15) / 16 * 16}; // 120: the 1b KDA's heads, rows padded to 128
                 validate_case(a.version, s, 1, 0, seed++);
                 validate_case(a.version, s, 0, 0, seed++);
                 validate_case(a.version, s, 1, 1, seed++);
