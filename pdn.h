@@ -72,6 +72,8 @@ static const PdnField PDN_FIELDS[] = { PDN_CONFIG_FIELDS(PDN_FIELD_ENTRY) };
 #define PDN_NUM_FIELDS ((int)(sizeof(PDN_FIELDS) / sizeof(PDN_FIELDS[0])))
 
 static int pdn_head_v(const PdnConfig* c) { return c->head_k * c->expand_v; }
+// the log-decay's width per head: none 0, scalar 1, channel K
+static int pdn_decay_width(const PdnConfig* c) { return c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : c->head_k; }
 
 // SPEC §2: I = 256 * ceil(floor(d * 4 * 2/3) / 256)
 static int pdn_default_mlp_hidden(int d) {

@@ -112,7 +112,7 @@ static void gradcheck_model(const char* name, PdnConfig c, int chunk_form) {
     make_batch(B, T, c.vocab_size, x, y);
     Acts a = acts_alloc(&m, B, T, 1);
     memset(m.grads, 0, m.lay.num_elems * sizeof(real));
-    pdn_forward_backward(&m, &a, x, y, 1);
+    pdn_forward_backward(&m, &a, x, y, 1, NULL);
     real* u = (real*)callocCheck(m.lay.num_elems, sizeof(real));
     double h = 1e-5, worst = 0;
     int tensors = 0;
@@ -354,7 +354,7 @@ static void chunk_vs_token_model(const char* variant, int exact) {
     int x[22], y[22];
     make_batch(2, 11, c.vocab_size, x, y);
     Acts at = acts_alloc(&mt, 2, 11, 1), ac = acts_alloc(&mc, 2, 11, 1);
-    double lt = pdn_forward_backward(&mt, &at, x, y, 1), lc = pdn_forward_backward(&mc, &ac, x, y, 1);
+    double lt = pdn_forward_backward(&mt, &at, x, y, 1, NULL), lc = pdn_forward_backward(&mc, &ac, x, y, 1, NULL);
     double e = rel_err(mc.grads, mt.grads, mt.lay.num_elems);
     CHECK(fabs(lt - lc) < 1e-12 && e < 1e-10, "%s%s model: chunk vs token loss %.15g vs %.15g, grads rel err %.2e", variant,
           exact ? "-exact" : "", lc, lt, e);

@@ -4,6 +4,8 @@ defines: TrainConfig and its flag table TRAIN_FIELDS, parse_args() (presets, mod
 usage, the boxed configuration printout, the learning-rate schedule, the training-state file (optimizer
 moments, step, data position), resume discovery, the log file, and the data source (MQAR or text shards: the
 batches, the held-out batches, the saved position) with the tokenizer-side helpers (prompts, decoded samples).
+Last, the run itself, written once for both trainers (--generate, resume, --debug-state, the training loop with
+its schedule of evaluations, samples and checkpoints): each trainer provides the few tr_* calls that differ.
 */
 #ifndef PDN_TRAIN_COMMON_H
 #define PDN_TRAIN_COMMON_H
@@ -632,22 +634,6 @@ static void print_param_table(const PdnConfig* mc) {
     printf("%zu\n", lay.num_params);
 }
 
-// Read the state file of a resume and check it belongs to the loaded checkpoint and to these batch settings.
-static void resume_state_read(const char* path, const TrainConfig* tc, int nproc, uint32_t model_crc, TrainState* st,
-                              void* m, void* v, size_t num_elems, const char* dtype) {
-    state_read(path, st, m, v, num_elems, dtype);
-    if (st->model_crc != model_crc) {
-        fail(EXIT_BADFILE, "%s belongs to a different checkpoint (model crc %08x, found %08x)", path, st->model_crc, model_crc);
-    }
-    // the data order continues exactly when every step takes the same micro-batches: same -b, -t and micro-batches per
-    // step (accumulation steps x processes). The number of processes itself may change: N processes resume on M.
-    if (st->B != tc->B || st->T != tc->T || (long)st->grad_accum * st->nproc != (long)tc->grad_accum * nproc) {
-        fail(EXIT_USAGE, "resume needs the same batch settings: the checkpoint used -b %d -t %d with %d accumulation "
-             "steps on %d process(es); now -b %d -t %d, %d steps on %d\n  hint: keep -b, -t and -d (tokens per step); the "
-             "number of processes may change", st->B, st->T, st->grad_accum, st->nproc, tc->B, tc->T, tc->grad_accum, nproc);
-    }
-}
-
 // warn about configurations outside the paper's stability argument
 static void warn_eigen_bound(const PdnConfig* mc) {
     if (pdn_eigen_bound_broken(mc)) {
@@ -961,6 +947,275 @@ static void print_generation(const Tokenizer* tok, const int* ids, int P, int n)
     } else {
         print_tokens(stdout, NULL, ids + P, n);
     }
+}
+
+// ----------------------------------------------------------------------------------------------------
+// the run, once for both trainers: --generate, resume, --debug-state, the training loop (the step, the schedule of
+// evaluations, samples and checkpoints) and what a checkpoint holds. What differs between the CPU reference and the
+// CUDA trainer is behind the tr_* calls declared here, which each trainer defines for its `struct Trainer` (its model,
+// activations and whatever else those calls need). In a multi-GPU job every process runs all of this.
+
+typedef struct Trainer Trainer;
+typedef struct GenState GenState;
+
+// A training step. tr_step_begin zeroes the gradients (and starts the step's clock). tr_forward_backward runs one
+// micro-batch (B*T tokens x and targets y, -1 where none): its gradients accumulate, scaled by 1 / (its targets x
+// accum); returns its mean loss; last: the step's last micro-batch (the GPU then hands its gradients to the
+// reduce-scatter); logits, if not NULL, receives the (B*T, vocab) logits before the softmax. tr_grad_norm: the global
+// gradient norm (*loss in: this process's mean loss, out: the mean over every process). tr_update: AdamW with the
+// gradients scaled by grad_scale, step 1-based. tr_step_end: the step's time in seconds (timed: not a warm-up step).
+static void tr_step_begin(Trainer* tr);
+static double tr_forward_backward(Trainer* tr, const int* x, const int* y, int accum, int last, float* logits);
+static double tr_grad_norm(Trainer* tr, double* loss);
+static void tr_update(Trainer* tr, float lr, long step, double grad_scale);
+static double tr_step_end(Trainer* tr, int timed);
+// one held-out batch: the loss summed over its targets, their number and the argmax hits; v[0..n) summed over processes
+static double tr_eval_batch(Trainer* tr, const int* x, const int* y, long* count, long* hits);
+static void tr_sum(Trainer* tr, double* v, int n);
+// What a checkpoint writes: the full parameters and AdamW moments (num_elems each) into host buffers; every process
+// calls it (ZeRO-1 gathers them), the buffers are NULL on the processes that do not write. tr_grads: the gradients
+// as floats (--debug-state).
+static void tr_host_state(Trainer* tr, real* params, real* m, real* v);
+static void tr_grads(Trainer* tr, float* out);
+// generation: a recurrent state for a prompt of P tokens; feed n tokens (the prompt, then one at a time; n = P or 1)
+// and get the last one's logits as vocab floats in row
+static GenState* tr_gen_open(Trainer* tr, int P);
+static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row);
+static void tr_gen_close(GenState* g);
+// a multi-GPU job's watchdog: the phase that starts now may take up to --dist-timeout (nothing on the CPU)
+static void tr_watch(Trainer* tr, const char* phase);
+
+// what the shared code needs to know about the run (main fills the first part)
+typedef struct {
+    TrainConfig* tc;
+    const PdnConfig* mc;
+    const PdnLayout* lay;
+    DataSource* ds;
+    Tokenizer* tok;                      // NULL without --tokenizer
+    int rank, world;                     // this process, and how many train together (1 on the CPU)
+    const char* precision;               // what --debug-state says made it: "cpu-f32", "cuda-bf16", ...
+    double flops_per_token, peak_flops;  // for the MFU column (peak_flops of all processes; <= 0: not printed)
+    long start_step;                     // 0, or the step a resume continues from
+    int sample_start;                    // -s: the token samples start from (<|endoftext|>), else -1 (run_check)
+    // filled by run_train
+    Logger lg;
+    long steps_done;
+    int timed;                           // steps timed (all but the first of this process)
+    double seconds, t_steps, final_val;  // wall time of the loop, summed time of the timed steps, last val loss (-1)
+} Run;
+
+static void run_init(Run* r, TrainConfig* tc, const PdnConfig* mc, const PdnLayout* lay, DataSource* ds, Tokenizer* tok,
+                     int rank, int world, const char* precision) {
+    memset(r, 0, sizeof(*r));
+    r->tc = tc; r->mc = mc; r->lay = lay; r->ds = ds; r->tok = tok; r->rank = rank; r->world = world;
+    r->precision = precision;
+    r->peak_flops = -1.0;
+    r->sample_start = -1;
+    r->final_val = -1.0;
+}
+
+// -y 1: read the state file into m and v (the AdamW moments, num_elems of dtype), check that it belongs to the loaded
+// checkpoint and to these batch settings, and continue the data source from its position (refused from another data
+// source). Returns the step to continue from.
+static long resume_state_read(const char* path, const TrainConfig* tc, int nproc, uint32_t model_crc, DataSource* ds,
+                              void* m, void* v, size_t num_elems, const char* dtype) {
+    TrainState st;
+    state_read(path, &st, m, v, num_elems, dtype);
+    if (st.model_crc != model_crc) {
+        fail(EXIT_BADFILE, "%s belongs to a different checkpoint (model crc %08x, found %08x)", path, st.model_crc, model_crc);
+    }
+    // the data order continues exactly when every step takes the same micro-batches: same -b, -t and micro-batches per
+    // step (accumulation steps x processes). The number of processes itself may change: N processes resume on M.
+    if (st.B != tc->B || st.T != tc->T || (long)st.grad_accum * st.nproc != (long)tc->grad_accum * nproc) {
+        fail(EXIT_USAGE, "resume needs the same batch settings: the checkpoint used -b %d -t %d with %d accumulation "
+             "steps on %d process(es); now -b %d -t %d, %d steps on %d\n  hint: keep -b, -t and -d (tokens per step); the "
+             "number of processes may change", st.B, st.T, st.grad_accum, st.nproc, tc->B, tc->T, tc->grad_accum, nproc);
+    }
+    data_restore(ds, &st, path);
+    return st.step;
+}
+
+// the data and the tokenizer must fit the model; -s samples start as a document does in the shards: after an
+// <|endoftext|> (r->sample_start)
+static void run_check(Run* r) {
+    data_check_task(r->ds, r->tok, r->mc);
+    r->sample_start = r->tc->sample_every ? r->tok->eot_id : -1;
+    if (r->tc->sample_every && r->sample_start < 0) {
+        fail(EXIT_USAGE, "-s: the tokenizer has no <|endoftext|> token to start samples from");
+    }
+}
+
+// n tokens sampled after a prompt of P >= 1 tokens into out: the prompt goes through the model once (chunked), then
+// each new token advances the recurrent state by one step. Generation has its own state and RNG, so a sample taken
+// during training leaves the training exactly as it was.
+static void generate_tokens(Trainer* tr, int vocab, const int* prompt, int P, int n, float temperature, int top_k,
+                            uint64_t seed, int* out) {
+    GenState* g = tr_gen_open(tr, P);
+    Rng rng;
+    rng_seed(&rng, seed);
+    float* row = (float*)mallocCheck((size_t)vocab * sizeof(float));
+    tr_gen_feed(g, prompt, P, row);
+    for (int i = 0; i < n; i++) {
+        out[i] = sample_logits(row, vocab, temperature, top_k, &rng);
+        if (i + 1 < n) { tr_gen_feed(g, &out[i], 1, row); }
+    }
+    free(row);
+    tr_gen_close(g);
+}
+
+// --generate N: the prompt (text with --tokenizer, else token ids) and its continuation on stdout, the time on stderr
+static void run_generate(Trainer* tr, const Run* r) {
+    const TrainConfig* tc = r->tc;
+    int* ids = (int*)mallocCheck((65536 + (size_t)tc->generate) * sizeof(int));
+    int P = prompt_tokens(tc, r->tok, r->mc->vocab_size, ids, 65536);
+    double t0 = wall_seconds();
+    generate_tokens(tr, r->mc->vocab_size, ids, P, tc->generate, tc->temperature, tc->top_k, (uint64_t)tc->seed, ids + P);
+    double dt = wall_seconds() - t0;
+    print_generation(r->tok, ids, P, tc->generate);
+    fprintf(stderr, "generated %d tokens after a %d-token prompt in %.1f ms\n", tc->generate, P, dt * 1e3);
+    free(ids);
+}
+
+// -s: a sample of -g tokens from <|endoftext|> (the start of a document), decoded
+static void run_sample(Trainer* tr, const Run* r, long step) {
+    const TrainConfig* tc = r->tc;
+    int* out = (int*)mallocCheck((size_t)tc->gen_tokens * sizeof(int));
+    int start = r->sample_start;
+    generate_tokens(tr, r->mc->vocab_size, &start, 1, tc->gen_tokens, tc->temperature, tc->top_k, (uint64_t)tc->seed, out);
+    printf("sample | step %ld | %d tokens after <|endoftext|>:\n", step, tc->gen_tokens);
+    print_tokens(stdout, r->tok, out, tc->gen_tokens);
+    printf("---\n");
+    free(out);
+}
+
+// Held-out loss over the data source's evaluation batches (the same ones at every evaluation, on either trainer:
+// MQAR's fixed stream, the start of the text validation split) and the accuracy of the argmax over the whole
+// vocabulary at the positions with a target (for MQAR: recall accuracy). x, y: scratch of B*T ints. With several
+// processes each evaluates its slice of a text split and the sums are combined; MQAR's batches are the same on every
+// process. Returns the number of batches (0: none).
+static long run_evaluate(Trainer* tr, const Run* r, int* x, int* y, double* loss, double* acc) {
+    long batches = data_val_begin(r->ds);
+    double v[3] = {0.0, 0.0, 0.0}; // the loss summed over the targets, the targets, the hits
+    for (long bi = 0; bi < batches; bi++) {
+        data_val_next(r->ds, x, y);
+        long count, hits;
+        v[0] += tr_eval_batch(tr, x, y, &count, &hits);
+        v[1] += (double)count;
+        v[2] += (double)hits;
+    }
+    if (r->world > 1 && r->ds->kind == DATA_TEXT) {
+        tr_sum(tr, v, 3);
+        batches *= r->world;
+    }
+    *loss = v[1] > 0 ? v[0] / v[1] : 0.0;
+    *acc = v[1] > 0 ? v[2] / v[1] : 0.0;
+    return batches;
+}
+
+// the checkpoint of `step`: the parameters (model_*.bin) and the training state (state_*.bin: the AdamW moments, the
+// step, the batch settings and the data position)
+static void run_save(Trainer* tr, const Run* r, long step) {
+    size_t n = r->lay->num_elems;
+    real* buf = r->rank == 0 ? (real*)mallocCheck(3 * n * sizeof(real)) : NULL;
+    tr_host_state(tr, buf, buf ? buf + n : NULL, buf ? buf + 2 * n : NULL);
+    if (!buf) { return; }
+    const TrainConfig* tc = r->tc;
+    char mp[1100], sp[1100];
+    ckpt_paths(tc->out_dir, step, mp, sp, sizeof mp);
+    uint32_t crc = pdn_checkpoint_write(mp, r->mc, r->lay, buf, REAL_DTYPE, step);
+    TrainState st;
+    memset(&st, 0, sizeof st);
+    st.step = step; st.model_crc = crc; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = r->world;
+    data_save(r->ds, &st);
+    state_write(sp, &st, buf + n, buf + 2 * n, n, REAL_DTYPE);
+    printf("saved checkpoint %s (+ %s)\n", mp, sp);
+    free(buf);
+}
+
+// --debug-state FILE: forward, loss and backward of one micro-batch (the first of this run's data stream), written
+// with its logits (before the softmax) and every parameter gradient, for test_pdn --compare
+static void run_debug_state(Trainer* tr, const Run* r) {
+    const TrainConfig* tc = r->tc;
+    size_t N = (size_t)tc->B * tc->T, Vv = (size_t)r->mc->vocab_size;
+    DebugState d;
+    memset(&d, 0, sizeof d);
+    d.cfg = *r->mc; d.lay = *r->lay; d.B = tc->B; d.T = tc->T;
+    snprintf(d.precision, sizeof d.precision, "%s", r->precision);
+    d.x = (int*)mallocCheck(N * sizeof(int));
+    d.y = (int*)mallocCheck(N * sizeof(int));
+    d.logits = (float*)mallocCheck(N * Vv * sizeof(float));
+    d.grads = (float*)mallocCheck(r->lay->num_elems * sizeof(float));
+    data_next(r->ds, d.x, d.y);
+    tr_step_begin(tr);
+    d.loss = tr_forward_backward(tr, d.x, d.y, 1, 1, d.logits);
+    tr_grads(tr, d.grads);
+    debug_state_write(tc->debug_state, &d);
+    printf("wrote %s: B %d, T %d, loss %.9f, %zu gradient elements\n", tc->debug_state, d.B, d.T, d.loss, r->lay->num_elems);
+    free(d.x); free(d.y); free(d.logits); free(d.grads);
+}
+
+// Training from r->start_step to -x: per step the micro-batches, the clipped AdamW update and the step line, then on
+// their schedules the evaluation (-v, and at the end), a sample (-s) and a checkpoint (-n, and at the end, with -o).
+// Returns the exit code.
+static int run_train(Trainer* tr, Run* r) {
+    TrainConfig* tc = r->tc;
+    DataSource* ds = r->ds;
+    size_t N = (size_t)tc->B * tc->T;
+    int* x = (int*)mallocCheck(N * sizeof(int));
+    int* y = (int*)mallocCheck(N * sizeof(int));
+    if (tc->out_dir[0] && r->rank == 0) { ensure_dir(tc->out_dir); }
+    logger_init(&r->lg, r->rank == 0 ? tc->out_dir : "", r->start_step > 0); // rank 0 writes the log and the checkpoints
+    data_describe(ds, r->mc->vocab_size);
+    double t_start = wall_seconds();
+    r->steps_done = 0; r->timed = 0; r->t_steps = 0.0; r->final_val = -1.0;
+    for (long step = r->start_step; step < tc->steps; step++) {
+        tr_watch(tr, "a training step");
+        tr_step_begin(tr);
+        double loss = 0.0;
+        for (int micro = 0; micro < tc->grad_accum; micro++) {
+            data_next(ds, x, y);
+            // each micro-batch's loss is scaled so that the summed gradients are the mean over every process's
+            loss += tr_forward_backward(tr, x, y, tc->grad_accum * r->world, micro == tc->grad_accum - 1, NULL) / tc->grad_accum;
+        }
+        double norm = tr_grad_norm(tr, &loss); // loss: now the mean over the processes
+        if (!isfinite(loss)) {
+            fail(EXIT_NUMERIC, "loss is %f at step %ld: training diverged (no checkpoint was written for this step)\n"
+                 "  hint: lower -l (learning rate), raise -u (warm-up) or keep --grad-clip on", loss, step + 1);
+        }
+        double scale = (tc->grad_clip > 0 && norm > tc->grad_clip) ? tc->grad_clip / norm : 1.0;
+        float lr = lr_at(tc, (int)step);
+        tr_update(tr, lr, step + 1, scale);
+        double dt = tr_step_end(tr, step > r->start_step);
+        r->steps_done++;
+        if (step > r->start_step) { r->t_steps += dt; r->timed++; }
+        double mfu = r->peak_flops > 0 ? r->flops_per_token * tc->total_batch / dt / r->peak_flops : -1.0;
+        print_step(&r->lg, tc, step, loss, norm, lr, dt, r->timed ? r->t_steps / r->timed : dt, mfu);
+        int last = step + 1 == tc->steps;
+        if ((tc->val_every && (step + 1) % tc->val_every == 0) || last) {
+            tr_watch(tr, "the evaluation");
+            double vl, va;
+            long nb = run_evaluate(tr, r, x, y, &vl, &va);
+            report_eval(&r->lg, ds, step + 1, vl, va, nb, tc->B, (long)N, &r->final_val);
+        }
+        if (r->sample_start >= 0 && tc->gen_tokens > 0 && r->rank == 0 && ((step + 1) % tc->sample_every == 0 || last)) {
+            run_sample(tr, r, step + 1);
+        }
+        if (tc->out_dir[0] && ((tc->ckpt_every && (step + 1) % tc->ckpt_every == 0) || last)) {
+            tr_watch(tr, "saving a checkpoint");
+            run_save(tr, r, step + 1);
+        }
+    }
+    r->seconds = wall_seconds() - t_start;
+    free(x);
+    free(y);
+    return 0;
+}
+
+// the closing line: steps, time, what the trainer adds (extra, may be ""), the last text val loss
+static void print_done(const Run* r, const char* extra) {
+    printf("done: %ld steps in %.1f s%s", r->steps_done, r->seconds, extra);
+    if (r->final_val >= 0) { printf("; final val loss %.6f", r->final_val); }
+    printf("\n");
 }
 
 #endif // PDN_TRAIN_COMMON_H

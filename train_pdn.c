@@ -9,7 +9,8 @@ Read it top to bottom:
      per token (SPEC §3, the definition) and chunkwise (SPEC §4, the fast algorithm), forward and backward
   3. the model: parameters (layout from pdn.h), activations, forward, backward, AdamW
   4. recurrent inference and sampling
-  5. training: evaluation and samples on the data source (MQAR or text, train_common.h), checkpoints, resume, main()
+  5. training: the calls train_common.h's run makes on this model (a step, an evaluation batch, generation,
+     what a checkpoint saves), then main()
 
 Determinism: every parallel loop writes disjoint outputs and every sum runs in a fixed order, so the same
 seed gives bit-identical losses whatever the number of threads.
@@ -1095,7 +1096,7 @@ typedef struct {
 static size_t layer_acts_point(LayerActs* la, real* base, const PdnConfig* c, int B, int T, int C, int with_states) {
     size_t N = (size_t)B * T, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
     size_t HK = H * K, HV = H * V, I = c->mlp_hidden, NC = (T + C - 1) / C;
-    size_t gk = c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : K;
+    size_t gk = pdn_decay_width(c);
     int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
     struct { real** p; size_t n; } f[] = {
         {&la->ln1, N * d}, {&la->ln1_rstd, N}, {&la->qp, N * HK}, {&la->kp, N * HK}, {&la->vp, N * HV},
@@ -1196,8 +1197,6 @@ static void conv_history_update(real* hist, const real* z, int B, int T, int Ch,
 
 static int rs_B(const RecState* rs) { return rs ? rs->B : 0; }
 
-static int decay_width(const PdnConfig* c) { return c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : c->head_k; }
-
 // Forward pass over tokens (B, T) into a->logits. rs: NULL for training (zero initial state), else the
 // recurrent state, read at the start and advanced past these T tokens.
 static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs) {
@@ -1205,7 +1204,7 @@ static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs
     const PdnLayout* lay = &m->lay;
     const real* p = m->params;
     int B = a->B, T = a->T, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
-    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), C = m->C;
+    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = pdn_decay_width(c), C = m->C;
     size_t N = (size_t)B * T;
     real eps = c->norm_eps, qscale = R(1) / sqrt(R(K)), bmax = c->neg_eigval ? R(2) : R(1);
     for (size_t n = 0; n < N; n++) {
@@ -1289,7 +1288,7 @@ static void pdn_backward(Model* m, Acts* a, const int* tokens) {
     const PdnLayout* lay = &m->lay;
     const real* p = m->params;
     int B = a->B, T = a->T, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
-    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), C = m->C;
+    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = pdn_decay_width(c), C = m->C;
     size_t N = (size_t)B * T;
     real qscale = R(1) / sqrt(R(K)), bmax = c->neg_eigval ? R(2) : R(1);
     int head = c->tie_embeddings ? T_WTE : T_LM_HEAD;
@@ -1362,10 +1361,11 @@ static void pdn_backward(Model* m, Acts* a, const int* tokens) {
 
 // One micro-batch: forward, loss, backward (gradients accumulate). Returns the mean loss over the positions
 // with a target; dloss_scale = 1 / (targets in the micro-batch * grad_accum) makes accumulated gradients the
-// mean over the whole step.
-static double pdn_forward_backward(Model* m, Acts* a, const int* x, const int* y, int grad_accum) {
+// mean over the whole step. logits: if not NULL, gets the (N, vocab) logits before the softmax.
+static double pdn_forward_backward(Model* m, Acts* a, const int* x, const int* y, int grad_accum, float* logits) {
     size_t N = (size_t)a->B * a->T;
     pdn_forward(m, a, x, NULL);
+    for (size_t i = 0; logits && i < N * m->cfg.vocab_size; i++) { logits[i] = (float)a->logits[i]; }
     long count;
     double sum = crossentropy_forward(a->logits, a->losses, y, N, m->cfg.vocab_size, &count);
     crossentropy_backward(a->logits, y, N, m->cfg.vocab_size, count ? R(1.0 / ((double)count * grad_accum)) : R(0));
@@ -1441,110 +1441,88 @@ static RecState recstate_alloc(const PdnConfig* c, int B, real ridge) {
 
 static void recstate_free(RecState* r) { free(r->hq); free(r->hk); free(r->hv); free(r->S); free(r->a); free(r->P); }
 
-// Feed the prompt (P >= 1 tokens) in one chunked pass, then generate n tokens one at a time into out.
-static void generate(const Model* m, const int* prompt, int P, int n, float temperature, int top_k, uint64_t seed, int* out) {
-    RecState rs = recstate_alloc(&m->cfg, 1, m->cfg.ridge);
-    Acts ap = acts_alloc(m, 1, P, 0), a1 = acts_alloc(m, 1, 1, 0);
-    Rng rng;
-    rng_seed(&rng, seed);
-    pdn_forward(m, &ap, prompt, &rs);
-    const real* logits = ap.logits + (size_t)(P - 1) * m->cfg.vocab_size;
-    float* row = (float*)mallocCheck(m->cfg.vocab_size * sizeof(float));
-    for (int i = 0; i < n; i++) {
-        for (int v = 0; v < m->cfg.vocab_size; v++) { row[v] = (float)logits[v]; }
-        out[i] = sample_logits(row, m->cfg.vocab_size, temperature, top_k, &rng);
-        if (i + 1 < n) {
-            pdn_forward(m, &a1, &out[i], &rs);
-            logits = a1.logits;
-        }
-    }
-    free(row);
-    acts_free(&ap);
-    acts_free(&a1);
-    recstate_free(&rs);
-}
-
 // ----------------------------------------------------------------------------------------------------
 // 5. training
 
-// Held-out loss over the data source's evaluation batches (the same ones at every evaluation: MQAR's fixed stream,
-// the start of the text validation split) and the accuracy of the argmax over the whole vocabulary at the positions
-// with a target (for MQAR: recall accuracy). x, y: scratch of B*T ints. Returns the number of batches (0: none).
-static long evaluate(const Model* m, Acts* a, DataSource* ds, int* x, int* y, double* loss, double* acc) {
+// The calls of train_common.h's run (evaluation, generation, checkpoints, the loop) for a model in host memory.
+struct Trainer {
+    Model m;
+    Acts acts;                  // (B, T) with gradients: training, evaluation, --debug-state
+    const TrainConfig* tc;
+    double t0;                  // the step's start
+};
+
+static void tr_step_begin(Trainer* tr) {
+    tr->t0 = wall_seconds();
+    memset(tr->m.grads, 0, tr->m.lay.num_elems * sizeof(real));
+}
+
+static double tr_forward_backward(Trainer* tr, const int* x, const int* y, int accum, int last, float* logits) {
+    (void)last; // one process: no gradient exchange
+    return pdn_forward_backward(&tr->m, &tr->acts, x, y, accum, logits);
+}
+
+static double tr_grad_norm(Trainer* tr, double* loss) { (void)loss; return global_norm(tr->m.grads, tr->m.lay.num_elems); }
+
+static void tr_update(Trainer* tr, float lr, long step, double grad_scale) {
+    const TrainConfig* tc = tr->tc;
+    adamw_update(&tr->m, lr, tc->beta1, tc->beta2, tc->adam_eps, tc->weight_decay, (int)step, R(grad_scale));
+}
+
+static double tr_step_end(Trainer* tr, int timed) { (void)timed; return wall_seconds() - tr->t0; }
+
+static double tr_eval_batch(Trainer* tr, const int* x, const int* y, long* count, long* hits) {
+    const Model* m = &tr->m;
+    Acts* a = &tr->acts;
     int Vv = m->cfg.vocab_size;
     size_t N = (size_t)a->B * a->T;
-    long batches = data_val_begin(ds);
-    double lsum = 0.0;
-    long hits = 0, count = 0;
-    for (long bi = 0; bi < batches; bi++) {
-        data_val_next(ds, x, y);
-        pdn_forward(m, a, x, NULL);
-        for (size_t n = 0; n < N; n++) {
-            if (y[n] < 0) { continue; }
-            const real* lg = a->logits + n * Vv;
-            int best = 0;
-            for (int i = 1; i < Vv; i++) { if (lg[i] > lg[best]) { best = i; } }
-            hits += best == y[n];
-        }
-        long c;
-        lsum += crossentropy_forward(a->logits, a->losses, y, N, Vv, &c);
-        count += c;
-    }
-    *loss = count ? lsum / count : 0.0;
-    *acc = count ? (double)hits / count : 0.0;
-    return batches;
-}
-
-// -s: a sample of -g tokens from `start` (the end-of-text token: the start of a document), decoded. Generation
-// carries its own recurrent state and RNG, so training continues exactly as without samples.
-static void print_sample(const Model* m, const TrainConfig* tc, const Tokenizer* tok, int start, long step) {
-    if (tc->gen_tokens == 0) { return; }
-    int* out = (int*)mallocCheck((size_t)tc->gen_tokens * sizeof(int));
-    generate(m, &start, 1, tc->gen_tokens, tc->temperature, tc->top_k, (uint64_t)tc->seed, out);
-    printf("sample | step %ld | %d tokens after <|endoftext|>:\n", step, tc->gen_tokens);
-    print_tokens(stdout, tok, out, tc->gen_tokens);
-    printf("---\n");
-    free(out);
-}
-
-static void save_checkpoint(const Model* m, const TrainConfig* tc, long step, const DataSource* ds) {
-    char mp[1100], sp[1100];
-    ckpt_paths(tc->out_dir, step, mp, sp, sizeof mp);
-    uint32_t crc = pdn_checkpoint_write(mp, &m->cfg, &m->lay, m->params, REAL_DTYPE, step);
-    TrainState s = {0};
-    s.step = step; s.model_crc = crc; s.B = tc->B; s.T = tc->T; s.grad_accum = tc->grad_accum; s.nproc = 1;
-    data_save(ds, &s);
-    real* zeros = NULL;
-    if (!m->m) { zeros = (real*)callocCheck(m->lay.num_elems, sizeof(real)); }
-    state_write(sp, &s, m->m ? m->m : zeros, m->v ? m->v : zeros, m->lay.num_elems, REAL_DTYPE);
-    free(zeros);
-    printf("saved checkpoint %s (+ %s)\n", mp, sp);
-}
-
-// --debug-state: forward, loss and backward of one micro-batch, written with the logits (before the softmax)
-static void write_debug_state(Model* m, Acts* a, const int* x, const int* y, const char* path) {
-    size_t N = (size_t)a->B * a->T, Vv = m->cfg.vocab_size;
-    DebugState d;
-    memset(&d, 0, sizeof d);
-    d.cfg = m->cfg; d.lay = m->lay; d.B = a->B; d.T = a->T;
-    snprintf(d.precision, sizeof d.precision, "cpu-%s", REAL_DTYPE);
-    d.x = (int*)x; d.y = (int*)y;
-    d.logits = (float*)mallocCheck(N * Vv * sizeof(float));
-    d.grads = (float*)mallocCheck(m->lay.num_elems * sizeof(float));
-    memset(m->grads, 0, m->lay.num_elems * sizeof(real));
     pdn_forward(m, a, x, NULL);
-    for (size_t i = 0; i < N * Vv; i++) { d.logits[i] = (float)a->logits[i]; }
-    long count;
-    double sum = crossentropy_forward(a->logits, a->losses, y, N, (int)Vv, &count);
-    crossentropy_backward(a->logits, y, N, (int)Vv, count ? R(1.0 / (double)count) : R(0));
-    pdn_backward(m, a, x);
-    d.loss = count ? sum / count : 0.0;
-    for (size_t i = 0; i < m->lay.num_elems; i++) { d.grads[i] = (float)m->grads[i]; }
-    debug_state_write(path, &d);
-    printf("wrote %s: B %d, T %d, loss %.9f, %zu gradient elements\n", path, a->B, a->T, d.loss, m->lay.num_elems);
-    free(d.logits);
-    free(d.grads);
+    *hits = 0;
+    for (size_t n = 0; n < N; n++) {
+        if (y[n] < 0) { continue; }
+        const real* lg = a->logits + n * Vv;
+        int best = 0;
+        for (int i = 1; i < Vv; i++) { if (lg[i] > lg[best]) { best = i; } }
+        *hits += best == y[n];
+    }
+    return crossentropy_forward(a->logits, a->losses, y, N, Vv, count);
 }
+
+static void tr_sum(Trainer* tr, double* v, int n) { (void)tr; (void)v; (void)n; }
+
+static void tr_host_state(Trainer* tr, real* params, real* m, real* v) {
+    size_t n = tr->m.lay.num_elems;
+    memcpy(params, tr->m.params, n * sizeof(real));
+    if (tr->m.m) { memcpy(m, tr->m.m, n * sizeof(real)); } else { memset(m, 0, n * sizeof(real)); } // before any update
+    if (tr->m.v) { memcpy(v, tr->m.v, n * sizeof(real)); } else { memset(v, 0, n * sizeof(real)); }
+}
+
+static void tr_grads(Trainer* tr, float* out) {
+    for (size_t i = 0; i < tr->m.lay.num_elems; i++) { out[i] = (float)tr->m.grads[i]; }
+}
+
+struct GenState { const Model* m; RecState rs; Acts ap, a1; };
+
+static GenState* tr_gen_open(Trainer* tr, int P) {
+    GenState* g = (GenState*)mallocCheck(sizeof(GenState));
+    g->m = &tr->m;
+    g->rs = recstate_alloc(&tr->m.cfg, 1, tr->m.cfg.ridge);
+    g->ap = acts_alloc(g->m, 1, P, 0);
+    g->a1 = acts_alloc(g->m, 1, 1, 0);
+    return g;
+}
+
+static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row) {
+    Acts* a = n == 1 ? &g->a1 : &g->ap;
+    pdn_forward(g->m, a, tokens, &g->rs);
+    int Vv = g->m->cfg.vocab_size;
+    const real* logits = a->logits + (size_t)(n - 1) * Vv;
+    for (int v = 0; v < Vv; v++) { row[v] = (float)logits[v]; }
+}
+
+static void tr_gen_close(GenState* g) { acts_free(&g->ap); acts_free(&g->a1); recstate_free(&g->rs); free(g); }
+
+static void tr_watch(Trainer* tr, const char* phase) { (void)tr; (void)phase; }
 
 #ifndef TESTING
 int main(int argc, char** argv) {
@@ -1566,8 +1544,10 @@ int main(int argc, char** argv) {
 
     // the model: from a checkpoint (-e, or -y 1 with one in -o), else from the flags; a vocabulary the preset leaves
     // at 0 comes from the data source (MQAR: --mqar-vocab; text: the tokenizer, else the shards)
-    Model m;
-    long start_step = 0;
+    Trainer tr;
+    memset(&tr, 0, sizeof tr);
+    tr.tc = &tc;
+    Model* m = &tr.m;
     real* loaded = NULL;
     uint32_t loaded_crc = 0;
     char resume_state[1100];
@@ -1575,94 +1555,39 @@ int main(int argc, char** argv) {
     DataSource ds;
     Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds, 0, 1);
     if (tc.count_params) { print_param_table(&mc); return 0; }
-    model_init(&m, &mc, tc.chunk, tc.chunk_form);
-    if (loaded) { memcpy(m.params, loaded, m.lay.num_elems * sizeof(real)); free(loaded); }
-    else { pdn_init_params(&mc, &m.lay, m.params, (uint64_t)tc.seed); }
+    model_init(m, &mc, tc.chunk, tc.chunk_form);
+    if (loaded) { memcpy(m->params, loaded, m->lay.num_elems * sizeof(real)); free(loaded); }
+    else { pdn_init_params(&mc, &m->lay, m->params, (uint64_t)tc.seed); }
+    char precision[32];
+    snprintf(precision, sizeof precision, "cpu-%s", REAL_DTYPE);
+    Run run;
+    run_init(&run, &tc, &mc, &m->lay, &ds, tok, 0, 1, precision);
 
     if (tc.generate) {
-        int* ids = (int*)mallocCheck((65536 + (size_t)tc.generate) * sizeof(int));
-        int P = prompt_tokens(&tc, tok, mc.vocab_size, ids, 65536);
-        double t0 = wall_seconds();
-        generate(&m, ids, P, tc.generate, tc.temperature, tc.top_k, (uint64_t)tc.seed, ids + P);
-        double dt = wall_seconds() - t0;
-        print_generation(tok, ids, P, tc.generate);
-        fprintf(stderr, "generated %d tokens after a %d-token prompt in %.1f ms\n", tc.generate, P, dt * 1e3);
-        free(ids);
-        model_free(&m);
+        run_generate(&tr, &run);
+        model_free(m);
         if (tok) { tokenizer_free(tok); }
         return 0;
     }
-
-    if (resume_state[0]) { // the optimizer moments, the step and the data position (refused from another data source)
-        TrainState st;
-        m.m = (real*)callocCheck(m.lay.num_elems, sizeof(real));
-        m.v = (real*)callocCheck(m.lay.num_elems, sizeof(real));
-        resume_state_read(resume_state, &tc, 1, loaded_crc, &st, m.m, m.v, m.lay.num_elems, REAL_DTYPE);
-        data_restore(&ds, &st, resume_state);
-        start_step = st.step;
+    if (resume_state[0]) { // the optimizer moments, the step and the data position
+        m->m = (real*)callocCheck(m->lay.num_elems, sizeof(real));
+        m->v = (real*)callocCheck(m->lay.num_elems, sizeof(real));
+        run.start_step = resume_state_read(resume_state, &tc, 1, loaded_crc, &ds, m->m, m->v, m->lay.num_elems, REAL_DTYPE);
     }
-    data_check_task(&ds, tok, &mc);
-    // samples start as a document does in the shards: after an <|endoftext|>
-    int sample_start = tc.sample_every ? tok->eot_id : -1;
-    if (tc.sample_every && sample_start < 0) { fail(EXIT_USAGE, "-s: the tokenizer has no <|endoftext|> token to start samples from"); }
-    print_config_box(&mc, &tc, &m.lay, device, REAL_DTYPE);
+    run_check(&run);
+    print_config_box(&mc, &tc, &m->lay, device, REAL_DTYPE);
     if (tc.recompute) { printf("--recompute 1: the CPU reference keeps every layer's activations (the flag is train_pdncu's)\n"); }
-    Logger lg;
-    if (tc.out_dir[0]) { ensure_dir(tc.out_dir); }
-    logger_init(&lg, tc.out_dir, start_step > 0);
-
-    Acts acts = acts_alloc(&m, tc.B, tc.T, 1);
-    size_t N = (size_t)tc.B * tc.T;
-    int* x = (int*)mallocCheck(N * sizeof(int));
-    int* y = (int*)mallocCheck(N * sizeof(int));
-    if (tc.debug_state[0]) {
-        // one micro-batch, the first of this run's data stream: logits, loss and gradients for comparison
-        data_next(&ds, x, y);
-        write_debug_state(&m, &acts, x, y, tc.debug_state);
-        return 0;
+    tr.acts = acts_alloc(m, tc.B, tc.T, 1);
+    int rc = 0;
+    if (tc.debug_state[0]) { run_debug_state(&tr, &run); }
+    else {
+        rc = run_train(&tr, &run);
+        print_done(&run, "");
     }
-    data_describe(&ds, mc.vocab_size);
-    double t_start = wall_seconds(), t_steps = 0.0, final_val = -1.0;
-    int timed = 0;
-    for (long step = start_step; step < tc.steps; step++) {
-        double t0 = wall_seconds();
-        memset(m.grads, 0, m.lay.num_elems * sizeof(real));
-        double loss = 0.0;
-        for (int micro = 0; micro < tc.grad_accum; micro++) {
-            data_next(&ds, x, y);
-            loss += pdn_forward_backward(&m, &acts, x, y, tc.grad_accum) / tc.grad_accum;
-        }
-        if (!isfinite(loss)) {
-            fail(EXIT_NUMERIC, "loss is %f at step %ld: training diverged (no checkpoint was written for this step)\n"
-                 "  hint: lower -l (learning rate), raise -u (warm-up) or keep --grad-clip on", loss, step + 1);
-        }
-        double norm = global_norm(m.grads, m.lay.num_elems);
-        real scale = (tc.grad_clip > 0 && norm > tc.grad_clip) ? R(tc.grad_clip / norm) : R(1);
-        float lr = lr_at(&tc, (int)step);
-        adamw_update(&m, lr, tc.beta1, tc.beta2, tc.adam_eps, tc.weight_decay, (int)step + 1, scale);
-        double dt = wall_seconds() - t0;
-        if (step > start_step) { t_steps += dt; timed++; }
-        print_step(&lg, &tc, step, loss, norm, lr, dt, timed ? t_steps / timed : dt, -1.0);
-        int last = step + 1 == tc.steps;
-        if ((tc.val_every && (step + 1) % tc.val_every == 0) || last) {
-            double vl, va;
-            long nb = evaluate(&m, &acts, &ds, x, y, &vl, &va);
-            report_eval(&lg, &ds, step + 1, vl, va, nb, tc.B, (long)N, &final_val);
-        }
-        if (sample_start >= 0 && ((step + 1) % tc.sample_every == 0 || last)) { print_sample(&m, &tc, tok, sample_start, step + 1); }
-        if (tc.out_dir[0] && ((tc.ckpt_every && (step + 1) % tc.ckpt_every == 0) || last)) {
-            save_checkpoint(&m, &tc, step + 1, &ds);
-        }
-    }
-    printf("done: %ld steps in %.1f s", tc.steps - start_step, wall_seconds() - t_start);
-    if (final_val >= 0) { printf("; final val loss %.6f", final_val); }
-    printf("\n");
-    free(x);
-    free(y);
-    acts_free(&acts);
-    model_free(&m);
+    acts_free(&tr.acts);
+    model_free(m);
     data_free(&ds);
     if (tok) { tokenizer_free(tok); }
-    return 0;
+    return rc;
 }
 #endif

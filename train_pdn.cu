@@ -11,7 +11,8 @@ Read it top to bottom:
      head-major layout of the mixer), gates, output norm + gate, SwiGLU, fused classifier, reductions, AdamW
   3. the mixer: diagonal preconditioner scan, exact preconditioner, chunkwise delta rule forward/backward
   4. the model: parameters, activations, forward, backward, update
-  5. training loop, evaluation, checkpoints, generation, main()
+  5. training: the calls train_common.h's run makes on this model (a step, an evaluation batch, generation,
+     what a checkpoint saves), main()
 
 The mixer works in a head-major layout padded to whole chunks: (B, H, Tp, X) with Tp = NC * C. A chunk of one
 head is then a contiguous (C, X) matrix, so every per-chunk product of SPEC §4 is one strided-batched GEMM over
@@ -3911,7 +3912,6 @@ struct Acts {
     GradBufs gb;
 };
 
-static int decay_width(const PdnConfig* c) { return c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : c->head_k; }
 // The mixer's head sizes on the GPU: K and V rounded up to a multiple of 16, the tensor cores' tile (the paper's 1b
 // KDA has K = V = 120). Head-major rows carry the extra columns as zeros that nothing writes: zero keys, queries and
 // values (and a zero log-decay) leave the state's extra rows and columns zero, so the outputs and the gradients of
@@ -3954,7 +3954,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     int C = m->C, NC = (T + C - 1) / C, Tp = NC * C;
     a.Tp = Tp; a.NC = NC;
     int d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c), I = c->mlp_hidden, L = c->n_layer;
-    int gk = decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
+    int gk = pdn_decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
     int Kp = mixer_pad(K), Vp = mixer_pad(V), gwp = gk > 1 ? Kp : 1; // head-major widths (mixer_pad)
     a.cs = ChunkShape{B, H, T, Tp, C, NC, Kp, Vp, gk > 1 ? Kp : gk, (long)B * H * NC};
     a.ip = in_proj_layout(&m->lay);
@@ -4342,10 +4342,10 @@ static void dist_time_step(void) {
     dist.ag_ms += ms;
 }
 
-// a full fp32 buffer (flat layout) from every rank's shard: all ranks take part, rank 0 gets it in *out.
+// a full fp32 buffer (flat layout) from every rank's shard: all ranks take part, rank 0 gets it in out (num_elems).
 // m->grads is the scratch (free between steps; its alignment gaps are never written, so they stay 0, and the next
 // step zeroes it anyway).
-static void dist_gather_full(Model* m, const float* shard, std::vector<float>* out) {
+static void dist_gather_full(Model* m, const float* shard, float* out) {
 #ifdef ENABLE_NCCL
     const ZeroPlan* zp = &dist.zp;
     size_t n = m->lay.num_elems;
@@ -4359,10 +4359,7 @@ static void dist_gather_full(Model* m, const float* shard, std::vector<float>* o
     ncclCheck(ncclGroupEnd());
     zero_copy<float>(dist.packed_grads, m->grads, zp, dist.d_ranges, 0, zp->n_buckets, 0, dist.stream);
     cudaCheck(cudaStreamSynchronize(dist.stream));
-    if (zp->rank == 0) {
-        out->resize(n);
-        cudaCheck(cudaMemcpy(out->data(), m->grads, n * sizeof(float), cudaMemcpyDeviceToHost));
-    }
+    if (zp->rank == 0) { cudaCheck(cudaMemcpy(out, m->grads, n * sizeof(float), cudaMemcpyDeviceToHost)); }
 #else
     (void)m; (void)shard; (void)out;
 #endif
@@ -4503,7 +4500,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     const PdnConfig* c = &m->cfg;
     const PdnLayout* lay = &m->lay;
     int B = a->B, T = a->T, Tp = a->Tp, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
-    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = decay_width(c), L = c->n_layer;
+    int HK = H * K, HV = H * V, I = c->mlp_hidden, cs = c->conv_size, gk = pdn_decay_width(c), L = c->n_layer;
     long N = (long)B * T;
     float eps = c->norm_eps, qscale = 1.0f / sqrtf((float)K), bmax = c->neg_eigval ? 2.0f : 1.0f;
     int Kp = a->cs.K, Vp = a->cs.V; // head-major widths (mixer_pad)
@@ -4661,13 +4658,26 @@ static void check_tokens(const int* x, long N, int vocab) {
     }
 }
 
-// one micro-batch: forward, loss, backward; returns the mean loss over positions with a target
-static double forward_backward(Model* m, Acts* a, const int* x, const int* y, int grad_accum) {
+static std::vector<float> to_host_float(const floatX* d, long n) {
+    std::vector<floatX> tmp((size_t)n);
+    cudaCheck(cudaMemcpy(tmp.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
+    std::vector<float> out((size_t)n);
+    for (long i = 0; i < n; i++) { out[(size_t)i] = (float)tmp[(size_t)i]; }
+    return out;
+}
+
+// one micro-batch: forward, loss, backward; returns the mean loss over positions with a target. logits: if not NULL,
+// gets the (N, vocab) logits before the softmax (--debug-state)
+static double forward_backward(Model* m, Acts* a, const int* x, const int* y, int grad_accum, float* logits) {
     long N = (long)a->B * a->T, count = 0;
     check_tokens(x, N, m->cfg.vocab_size);
     for (long n = 0; n < N; n++) { count += y[n] >= 0; }
     upload_batch(a, x, y);
     pdn_forward(m, a, nullptr);
+    if (logits) {
+        std::vector<float> lg = to_host_float(a->logits, N * m->cfg.vocab_size);
+        memcpy(logits, lg.data(), lg.size() * sizeof(float));
+    }
     double sum;
     { PROF("classifier.softmax+loss");
     sum = classifier(a, m->cfg.vocab_size, y, count ? (float)(1.0 / ((double)count * grad_accum)) : 0.0f, &count, nullptr); }
@@ -4696,112 +4706,109 @@ static void adamw_update(Model* m, const TrainConfig* tc, float lr, long step, f
     cudaCheck(cudaGetLastError());
 }
 
-// Held-out loss over the data source's evaluation batches (MQAR's fixed stream, the start of the text validation
-// split: the same batches as the CPU trainer) and the argmax accuracy at positions with a target. Returns the batches.
-static long evaluate(Model* m, Acts* a, DataSource* ds, double* loss, double* acc) {
+// The calls of train_common.h's run (evaluation, generation, checkpoints, the loop) for a model on this GPU (with
+// ZeRO-1: this rank's shard of the fp32 master weights and moments).
+struct Trainer {
+    Model m;
+    Acts acts;                 // (B, T) with gradients: training, evaluation, --debug-state
+    const TrainConfig* tc;
+    float* norm_scratch;       // (NORM_BLOCKS + 1)
+    cudaEvent_t ev0, ev1;      // the step's start and end on main_stream
+};
+
+static void tr_step_begin(Trainer* tr) {
+    cudaCheck(cudaEventRecord(tr->ev0, main_stream));
+    cudaCheck(cudaMemsetAsync(tr->m.grads, 0, tr->m.lay.num_elems * sizeof(float), main_stream));
+}
+
+static double tr_forward_backward(Trainer* tr, const int* x, const int* y, int accum, int last, float* logits) {
+    dist.reduce_now = dist.on && last; // the last micro-step hands its buckets to NCCL
+    double loss = forward_backward(&tr->m, &tr->acts, x, y, accum, logits);
+    dist.reduce_now = 0;
+    return loss;
+}
+
+static double tr_grad_norm(Trainer* tr, double* loss) {
+    PROF("optimizer (norm+adamw)");
+    return dist.on ? dist_loss_and_norm(loss, tr->norm_scratch) : grad_norm(&tr->m, tr->norm_scratch);
+}
+
+static void tr_update(Trainer* tr, float lr, long step, double grad_scale) {
+    PROF("optimizer (norm+adamw)");
+    if (dist.on) { dist_adamw(&tr->m, tr->tc, lr, step, (float)grad_scale); }
+    else { adamw_update(&tr->m, tr->tc, lr, step, (float)grad_scale); }
+}
+
+static double tr_step_end(Trainer* tr, int timed) {
+    cudaCheck(cudaEventRecord(tr->ev1, main_stream));
+    cudaCheck(cudaEventSynchronize(tr->ev1));
+    float ms = 0.0f;
+    cudaCheck(cudaEventElapsedTime(&ms, tr->ev0, tr->ev1));
+    prof_flush(timed);
+    if (timed && dist.on) { dist_time_step(); }
+    return ms / 1e3;
+}
+
+static double tr_eval_batch(Trainer* tr, const int* x, const int* y, long* count, long* hits) {
+    Model* m = &tr->m;
+    Acts* a = &tr->acts;
     long N = (long)a->B * a->T;
-    std::vector<int> x((size_t)N), y((size_t)N), am((size_t)N);
-    long batches = data_val_begin(ds);
-    double lsum = 0.0;
-    long hits = 0, count = 0;
-    for (long bi = 0; bi < batches; bi++) {
-        data_val_next(ds, x.data(), y.data());
-        check_tokens(x.data(), N, m->cfg.vocab_size);
-        upload_batch(a, x.data(), y.data());
-        pdn_forward(m, a, nullptr);
-        long c;
-        lsum += classifier(a, m->cfg.vocab_size, y.data(), 0.0f, &c, am.data());
-        count += c;
-        for (long n = 0; n < N; n++) { if (y[(size_t)n] >= 0) { hits += am[(size_t)n] == y[(size_t)n]; } }
-    }
-    if (dist.on && ds->kind == DATA_TEXT) { // each rank evaluated its slice of the split (MQAR: all the same batches)
-        double v[3] = {lsum, (double)count, (double)hits};
-        dist_sum(v, 3);
-        lsum = v[0]; count = (long)v[1]; hits = (long)v[2];
-        batches *= dist.env.world;
-    }
-    *loss = count ? lsum / count : 0.0;
-    *acc = count ? (double)hits / count : 0.0;
-    return batches;
-}
-
-static std::vector<float> to_host_float(const floatX* d, long n) {
-    std::vector<floatX> tmp((size_t)n);
-    cudaCheck(cudaMemcpy(tmp.data(), d, n * sizeof(floatX), cudaMemcpyDeviceToHost));
-    std::vector<float> out((size_t)n);
-    for (long i = 0; i < n; i++) { out[(size_t)i] = (float)tmp[(size_t)i]; }
-    return out;
-}
-
-static void write_debug_state(Model* m, Acts* a, const int* x, const int* y, const char* path) {
-    long N = (long)a->B * a->T, count = 0;
-    for (long n = 0; n < N; n++) { count += y[n] >= 0; }
+    std::vector<int> am((size_t)N);
     check_tokens(x, N, m->cfg.vocab_size);
-    cudaCheck(cudaMemset(m->grads, 0, m->lay.num_elems * sizeof(float)));
     upload_batch(a, x, y);
     pdn_forward(m, a, nullptr);
-    std::vector<float> logits = to_host_float(a->logits, N * m->cfg.vocab_size);
-    double sum = classifier(a, m->cfg.vocab_size, y, count ? (float)(1.0 / (double)count) : 0.0f, &count, nullptr);
-    pdn_backward(m, a, x);
-    std::vector<float> grads(m->lay.num_elems);
-    cudaCheck(cudaMemcpy(grads.data(), m->grads, grads.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    DebugState d;
-    memset(&d, 0, sizeof d);
-    d.cfg = m->cfg; d.lay = m->lay; d.B = a->B; d.T = a->T;
-    d.loss = count ? sum / count : 0.0;
-    snprintf(d.precision, sizeof d.precision, "cuda-%s", PRECISION_NAME);
-    d.x = (int*)x; d.y = (int*)y; d.logits = logits.data(); d.grads = grads.data();
-    debug_state_write(path, &d);
-    printf("wrote %s: B %d, T %d, loss %.9f, %zu gradient elements\n", path, a->B, a->T, d.loss, m->lay.num_elems);
+    double sum = classifier(a, m->cfg.vocab_size, y, 0.0f, count, am.data());
+    *hits = 0;
+    for (long n = 0; n < N; n++) { if (y[n] >= 0) { *hits += am[(size_t)n] == y[n]; } }
+    return sum;
 }
 
-static void save_checkpoint(Model* m, const TrainConfig* tc, long step, const DataSource* ds) {
-    char mp[1100], sp[1100];
-    ckpt_paths(tc->out_dir, step, mp, sp, sizeof mp);
+static void tr_sum(Trainer* tr, double* v, int n) { (void)tr; if (dist.on) { dist_sum(v, n); } }
+
+// the fp32 master weights and moments, gathered from the shards with ZeRO-1: the files do not depend on the number
+// of processes
+static void tr_host_state(Trainer* tr, real* params, real* mom1, real* mom2) {
+    Model* m = &tr->m;
+    if (dist.on) {
+        dist_gather_full(m, m->master, params);
+        dist_gather_full(m, m->m, mom1);
+        dist_gather_full(m, m->v, mom2);
+        return;
+    }
     size_t n = m->lay.num_elems;
-    std::vector<float> host, hm, hv;
-    if (dist.on) { // gathered from the shards: the files do not depend on the number of processes
-        dist_gather_full(m, m->master, &host);
-        dist_gather_full(m, m->m, &hm);
-        dist_gather_full(m, m->v, &hv);
-        if (dist.env.rank != 0) { return; }
-    } else {
-        host.resize(n); hm.resize(n); hv.resize(n);
-        cudaCheck(cudaMemcpy(host.data(), m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(hm.data(), m->m, n * sizeof(float), cudaMemcpyDeviceToHost));
-        cudaCheck(cudaMemcpy(hv.data(), m->v, n * sizeof(float), cudaMemcpyDeviceToHost));
-    }
-    uint32_t crc = pdn_checkpoint_write(mp, &m->cfg, &m->lay, host.data(), "f32", step);
-    TrainState st;
-    memset(&st, 0, sizeof st);
-    st.step = step; st.model_crc = crc; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = dist.env.world;
-    data_save(ds, &st);
-    state_write(sp, &st, hm.data(), hv.data(), n, "f32");
-    printf("saved checkpoint %s (+ %s)\n", mp, sp);
+    cudaCheck(cudaMemcpy(params, m->master, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(mom1, m->m, n * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaMemcpy(mom2, m->v, n * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
-// Prompt through the model in one chunked pass, then one token at a time: the recurrent state lives on the GPU.
-static void generate(Model* m, const int* prompt, int P, int n, float temperature, int top_k, uint64_t seed, int* out) {
-    RecState rs = recstate_alloc(&m->cfg, 1);
-    Acts ap = acts_alloc(m, 1, P, 0, 0), a1 = acts_alloc(m, 1, 1, 0, 0);
-    Rng rng;
-    rng_seed(&rng, seed);
-    int Vv = m->cfg.vocab_size;
-    cudaCheck(cudaMemcpy(ap.tokens, prompt, P * sizeof(int), cudaMemcpyHostToDevice));
-    pdn_forward(m, &ap, &rs);
-    std::vector<float> row = to_host_float(ap.logits + (long)(P - 1) * Vv, Vv);
-    for (int i = 0; i < n; i++) {
-        out[i] = sample_logits(row.data(), Vv, temperature, top_k, &rng);
-        if (i + 1 < n) {
-            cudaCheck(cudaMemcpy(a1.tokens, &out[i], sizeof(int), cudaMemcpyHostToDevice));
-            pdn_forward(m, &a1, &rs);
-            row = to_host_float(a1.logits, Vv);
-        }
-    }
-    acts_free(&ap);
-    acts_free(&a1);
-    rs.arena.release();
+static void tr_grads(Trainer* tr, float* out) {
+    cudaCheck(cudaMemcpy(out, tr->m.grads, tr->m.lay.num_elems * sizeof(float), cudaMemcpyDeviceToHost));
 }
+
+// generation: the recurrent state lives on the GPU
+struct GenState { Model* m; RecState rs; Acts ap, a1; };
+
+static GenState* tr_gen_open(Trainer* tr, int P) {
+    GenState* g = new GenState();
+    g->m = &tr->m;
+    g->rs = recstate_alloc(&tr->m.cfg, 1);
+    g->ap = acts_alloc(g->m, 1, P, 0, 0);
+    g->a1 = acts_alloc(g->m, 1, 1, 0, 0);
+    return g;
+}
+
+static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row) {
+    Acts* a = n == 1 ? &g->a1 : &g->ap;
+    int Vv = g->m->cfg.vocab_size;
+    cudaCheck(cudaMemcpy(a->tokens, tokens, n * sizeof(int), cudaMemcpyHostToDevice));
+    pdn_forward(g->m, a, &g->rs);
+    std::vector<float> last = to_host_float(a->logits + (long)(n - 1) * Vv, Vv);
+    memcpy(row, last.data(), Vv * sizeof(float));
+}
+
+static void tr_gen_close(GenState* g) { acts_free(&g->ap); acts_free(&g->a1); g->rs.arena.release(); delete g; }
+
+static void tr_watch(Trainer* tr, const char* phase) { (void)tr; if (dist.on) { watch(phase, dist.timeout); } }
 
 // Peak dense bf16 tensor FLOP/s for MFU. Known cards by name (vendor figures); otherwise SMs x clock x the
 // architecture's dense bf16 FLOP per clock per SM (Hopper 4096, Ampere/Ada 2048 for data-center parts);
@@ -4892,46 +4899,39 @@ int main(int argc, char** argv) {
     }
     prof_on = getenv("PDN_PROFILE") && atoi(getenv("PDN_PROFILE")) != 0;
 
-    Model m;
+    Trainer tr;
+    tr.tc = &tc;
+    Model* m = &tr.m;
     PdnLayout lay;
     pdn_build_layout(&mc, &lay);
     if (dist.on) { zero_plan_build(&mc, &lay, world, rank, &dist.zp); }
-    model_init(&m, &mc, tc.chunk, (uint64_t)tc.seed, dist.on ? dist.zp.shard_total : lay.num_elems);
+    model_init(m, &mc, tc.chunk, (uint64_t)tc.seed, dist.on ? dist.zp.shard_total : lay.num_elems);
     dist_buffers();
-    std::vector<float> host(m.lay.num_elems), hm, hv;
+    std::vector<float> host(m->lay.num_elems), hm, hv;
     if (loaded) { memcpy(host.data(), loaded, host.size() * sizeof(float)); free(loaded); }
-    else { pdn_init_params(&mc, &m.lay, host.data(), (uint64_t)tc.seed); }
-    long start_step = 0;
+    else { pdn_init_params(&mc, &m->lay, host.data(), (uint64_t)tc.seed); }
+    char precision[32];
+    snprintf(precision, sizeof precision, "cuda-%s", PRECISION_NAME);
+    Run run;
+    run_init(&run, &tc, &mc, &m->lay, &ds, tok, rank, world, precision);
     if (resume_state[0] && !tc.generate) { // the optimizer moments, the step and the data position
-        TrainState st;
-        hm.resize(m.lay.num_elems); hv.resize(m.lay.num_elems);
-        resume_state_read(resume_state, &tc, world, loaded_crc, &st, hm.data(), hv.data(), m.lay.num_elems, "f32");
-        data_restore(&ds, &st, resume_state);
-        start_step = st.step;
+        hm.resize(m->lay.num_elems); hv.resize(m->lay.num_elems);
+        run.start_step = resume_state_read(resume_state, &tc, world, loaded_crc, &ds, hm.data(), hv.data(), m->lay.num_elems, "f32");
     }
     // the floatX parameters of that step, rounded as the run did; with ZeRO-1 each rank keeps its shard of the rest
-    model_upload(&m, dist.on ? &dist.zp : nullptr, host.data(), hm.empty() ? nullptr : hm.data(),
-                 hv.empty() ? nullptr : hv.data(), start_step);
+    model_upload(m, dist.on ? &dist.zp : nullptr, host.data(), hm.empty() ? nullptr : hm.data(),
+                 hv.empty() ? nullptr : hv.data(), run.start_step);
 
     if (tc.generate) {
-        std::vector<int> ids(65536 + (size_t)tc.generate);
-        int P = prompt_tokens(&tc, tok, mc.vocab_size, ids.data(), 65536);
-        double t0 = wall_seconds();
-        generate(&m, ids.data(), P, tc.generate, tc.temperature, tc.top_k, (uint64_t)tc.seed, ids.data() + P);
-        double dt = wall_seconds() - t0;
-        print_generation(tok, ids.data(), P, tc.generate);
-        fprintf(stderr, "generated %d tokens after a %d-token prompt in %.1f ms\n", tc.generate, P, dt * 1e3);
+        run_generate(&tr, &run);
         if (tok) { tokenizer_free(tok); }
         return 0;
     }
-    data_check_task(&ds, tok, &mc);
-    // samples start as a document does in the shards: after an <|endoftext|>
-    int sample_start = tc.sample_every ? tok->eot_id : -1;
-    if (tc.sample_every && sample_start < 0) { fail(EXIT_USAGE, "-s: the tokenizer has no <|endoftext|> token to start samples from"); }
+    run_check(&run);
     double peak = peak_bf16_flops(&prop);
     char device_name[320];
     snprintf(device_name, sizeof device_name, "%s (%d SMs)%s", prop.name, prop.multiProcessorCount, world > 1 ? " per process" : "");
-    print_config_box(&mc, &tc, &m.lay, device_name, PRECISION_NAME);
+    print_config_box(&mc, &tc, &m->lay, device_name, PRECISION_NAME);
     if (peak > 0) { printf("peak dense bf16: %.0f TFLOP/s per GPU (for MFU)\n", peak / 1e12); }
     if (dist.on) {
         printf("data parallel: %d processes, one GPU each (%s; rendezvous: %s); ZeRO-1: each keeps 1/%d of the fp32 master "
@@ -4939,105 +4939,43 @@ int main(int argc, char** argv) {
                dist.env.source, dist.how, world, dist.zp.n_buckets);
     }
 
-    Acts acts = acts_alloc(&m, tc.B, tc.T, 1, tc.recompute);
-    mixer_plan_print(acts.cs, mc.head_k, pdn_head_v(&mc));
+    tr.acts = acts_alloc(m, tc.B, tc.T, 1, tc.recompute);
+    mixer_plan_print(tr.acts.cs, mc.head_k, pdn_head_v(&mc));
     printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB (%d x %.1f MiB kept per layer%s, %.1f MiB "
            "shared)%s\n",
-           (m.lay.num_elems * (sizeof(floatX) + 4.0) + m.n_opt * 12.0 +
+           (m->lay.num_elems * (sizeof(floatX) + 4.0) + m->n_opt * 12.0 +
             (dist.on ? dist.zp.packed_total * (4.0 + sizeof(floatX)) + dist.zp.shard_total * 4.0 : 0.0)) / 1048576.0,
-           acts.arena.bytes / 1048576.0, acts.nstore, acts.layer_bytes / 1048576.0,
-           acts.recompute ? ", --recompute 1: all layers share it" : "",
-           (acts.arena.bytes - (double)acts.nstore * acts.layer_bytes) / 1048576.0, dist.on ? " (per GPU, with the communication buffers)" : "");
-    size_t N = (size_t)tc.B * tc.T;
-    std::vector<int> x(N), y(N);
+           tr.acts.arena.bytes / 1048576.0, tr.acts.nstore, tr.acts.layer_bytes / 1048576.0,
+           tr.acts.recompute ? ", --recompute 1: all layers share it" : "",
+           (tr.acts.arena.bytes - (double)tr.acts.nstore * tr.acts.layer_bytes) / 1048576.0,
+           dist.on ? " (per GPU, with the communication buffers)" : "");
+    cudaCheck(cudaMalloc(&tr.norm_scratch, (NORM_BLOCKS + 1) * sizeof(float)));
+    cudaCheck(cudaEventCreate(&tr.ev0));
+    cudaCheck(cudaEventCreate(&tr.ev1));
     if (tc.debug_state[0]) { // one micro-batch, the first of this run's data stream, as the CPU trainer does
-        data_next(&ds, x.data(), y.data());
-        write_debug_state(&m, &acts, x.data(), y.data(), tc.debug_state);
+        run_debug_state(&tr, &run);
         return 0;
     }
-    Logger lg;
-    if (tc.out_dir[0] && rank == 0) { ensure_dir(tc.out_dir); }
-    logger_init(&lg, rank == 0 ? tc.out_dir : "", start_step > 0); // rank 0 writes the log and the checkpoints
-    float* norm_scratch;
-    cudaCheck(cudaMalloc(&norm_scratch, (NORM_BLOCKS + 1) * sizeof(float)));
-    double fpt = flops_per_token(&mc, &m.lay, tc.chunk);
-    data_describe(&ds, mc.vocab_size);
-    cudaEvent_t ev0, ev1;
-    cudaCheck(cudaEventCreate(&ev0));
-    cudaCheck(cudaEventCreate(&ev1));
-    double t_start = wall_seconds(), t_steps = 0.0, final_val = -1.0;
-    int timed = 0;
-    for (long step = start_step; step < tc.steps; step++) {
-        if (dist.on) { watch("a training step", dist.timeout); }
-        cudaCheck(cudaEventRecord(ev0, main_stream));
-        cudaCheck(cudaMemsetAsync(m.grads, 0, m.lay.num_elems * sizeof(float), main_stream));
-        double loss = 0.0;
-        for (int micro = 0; micro < tc.grad_accum; micro++) {
-            data_next(&ds, x.data(), y.data());
-            dist.reduce_now = dist.on && micro == tc.grad_accum - 1; // the last micro-step hands its buckets to NCCL
-            // (the loss of each micro-batch is scaled so that the summed gradients are the mean over every process's)
-            loss += forward_backward(&m, &acts, x.data(), y.data(), tc.grad_accum * world) / tc.grad_accum;
-        }
-        dist.reduce_now = 0;
-        double norm;
-        float lr = lr_at(&tc, (int)step);
-        {
-            PROF("optimizer (norm+adamw)");
-            norm = dist.on ? dist_loss_and_norm(&loss, norm_scratch) : grad_norm(&m, norm_scratch); // loss: mean over ranks
-            if (!isfinite(loss)) {
-                fail(EXIT_NUMERIC, "loss is %f at step %ld: training diverged (no checkpoint was written for this step)\n"
-                     "  hint: lower -l (learning rate), raise -u (warm-up) or keep --grad-clip on", loss, step + 1);
-            }
-            float scale = (tc.grad_clip > 0 && norm > tc.grad_clip) ? (float)(tc.grad_clip / norm) : 1.0f;
-            if (dist.on) { dist_adamw(&m, &tc, lr, step + 1, scale); }
-            else { adamw_update(&m, &tc, lr, step + 1, scale); }
-        }
-        cudaCheck(cudaEventRecord(ev1, main_stream));
-        cudaCheck(cudaEventSynchronize(ev1));
-        float ms = 0.0f;
-        cudaCheck(cudaEventElapsedTime(&ms, ev0, ev1));
-        double dt = ms / 1e3;
-        prof_flush(step > start_step);
-        if (step > start_step) { t_steps += dt; timed++; if (dist.on) { dist_time_step(); } }
-        double mfu = peak > 0 ? fpt * tc.total_batch / dt / (peak * world) : -1.0;
-        print_step(&lg, &tc, step, loss, norm, lr, dt, timed ? t_steps / timed : dt, mfu);
-        int last = step + 1 == tc.steps;
-        if ((tc.val_every && (step + 1) % tc.val_every == 0) || last) {
-            if (dist.on) { watch("the evaluation", dist.timeout); }
-            double vl, va;
-            long nb = evaluate(&m, &acts, &ds, &vl, &va);
-            report_eval(&lg, &ds, step + 1, vl, va, nb, tc.B, (long)N, &final_val);
-        }
-        if (sample_start >= 0 && tc.gen_tokens > 0 && rank == 0 && ((step + 1) % tc.sample_every == 0 || last)) {
-            std::vector<int> o((size_t)tc.gen_tokens);
-            generate(&m, &sample_start, 1, tc.gen_tokens, tc.temperature, tc.top_k, (uint64_t)tc.seed, o.data());
-            printf("sample | step %ld | %d tokens after <|endoftext|>:\n", step + 1, tc.gen_tokens);
-            print_tokens(stdout, tok, o.data(), tc.gen_tokens);
-            printf("---\n");
-        }
-        if (tc.out_dir[0] && ((tc.ckpt_every && (step + 1) % tc.ckpt_every == 0) || last)) {
-            if (dist.on) { watch("saving a checkpoint", dist.timeout); }
-            save_checkpoint(&m, &tc, step + 1, &ds);
-        }
-    }
-    prof_report(timed);
+    run.flops_per_token = flops_per_token(&mc, &m->lay, tc.chunk);
+    run.peak_flops = peak > 0 ? peak * world : -1.0;
+    int rc = run_train(&tr, &run);
+    prof_report(run.timed);
     size_t free_b, total_b;
     cudaCheck(cudaMemGetInfo(&free_b, &total_b));
-    printf("done: %ld steps in %.1f s; %.0f tok/s averaged over the timed steps; device memory in use %.1f GiB",
-           tc.steps - start_step, wall_seconds() - t_start, timed ? tc.total_batch / (t_steps / timed) : 0.0,
-           (total_b - free_b) / 1073741824.0);
-    if (final_val >= 0) { printf("; final val loss %.6f", final_val); }
-    printf("\n");
-    if (dist.on && timed) {
+    char extra[160];
+    snprintf(extra, sizeof extra, "; %.0f tok/s averaged over the timed steps; device memory in use %.1f GiB",
+             run.timed ? tc.total_batch / (run.t_steps / run.timed) : 0.0, (total_b - free_b) / 1073741824.0);
+    print_done(&run, extra);
+    if (dist.on && run.timed) {
         printf("communication per step (rank 0): reduce-scatter %.2f ms (bucket packing included; overlapped with the backward), "
-               "of it exposed after the backward %.2f ms; all-gather %.2f ms\n", dist.rs_ms / timed, dist.exposed_ms / timed,
-               dist.ag_ms / timed);
+               "of it exposed after the backward %.2f ms; all-gather %.2f ms\n", dist.rs_ms / run.timed,
+               dist.exposed_ms / run.timed, dist.ag_ms / run.timed);
     }
     dist_finish();
-    acts_free(&acts);
-    model_free(&m);
+    acts_free(&tr.acts);
+    model_free(m);
     data_free(&ds);
     if (tok) { tokenizer_free(tok); }
-    return 0;
+    return rc;
 }
 #endif

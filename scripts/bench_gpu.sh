@@ -25,6 +25,7 @@ row() {
     mfu=$(echo "$log" | awk '/^step/ { for (i = 1; i <= NF; i++) if ($i == "MFU") v = $(i-1) } END { print v }')
     [ -n "$tps" ] || { tps="FAILED"; echo "$log" | tail -5 >&2; }
     rows+=("$(printf "%-30s | %9s tok/s | %8s ms/step | %6s MFU | %6s GiB" "$label" "$tps" "$ms" "$mfu" "$mem")")
+    echo "${rows[-1]}" # as it comes (the table is printed again at the end)
 }
 for v in dn pdn gdn pgdn kda pkda; do
     row "$v-340m 16x2048" ./train_pdncu --preset $v-340m -b 16 -t 2048 -d 32768

@@ -230,7 +230,10 @@ static void delta_dev_alloc(DeltaDev& d, const ChunkShape& s, int precond) {
     ar.add(&d.dq, rows * K); ar.add(&d.dk, rows * K); ar.add(&d.dkt, rows * K); ar.add(&d.dv, rows * V);
     ar.add(&d.dbeta, rows); ar.add(&d.dg, rows * gw);
     mixer_saved_add(ar, &d.sv, s);             // the trainer's own buffer lists
-    mixer_scratch_add(ar, &d.sc, s, 1, 0, MixerPlan{}); // every flavour's buffers: the versions below run them all
+    // every flavour's buffers (the versions below run them all), the scalar scores' too whatever s's decay (gk 0)
+    ChunkShape every = s;
+    every.gk = 0;
+    mixer_scratch_add(ar, &d.sc, every, 1, 0, MixerPlan{});
     if (precond) {
         precond_scratch_add(ar, &d.pb, s.nq, K);
         ar.add(&d.pb.astat, rows * K);
