@@ -865,9 +865,17 @@ static void conv_norm_backward_tiles(floatX* dz, int ldz, float* dw, const float
 // accesses, 4 taps x NV weights in registers, <= 64 registers so that 4 blocks fit per SM as the shared memory
 // allows), the kernel size is a template parameter (all loops unrolled), the D/NV threads of a token are
 // consecutive lanes and reduce the norm's sums by shuffles. Weight gradient: per-thread sums, then the lanes of the
-// same channels within the warp, then the 8 warps in a fixed order. Needs D/NV a power of two <= 32 (D <= 128 at
-// NV = 4) and 16-byte aligned rows; otherwise the kernels above run. Lab: dev/cuda/conv_norm.cu (v4; v3 is NV = 8).
+// same channels within the warp, then the 8 warps in a fixed order. Needs D/NV <= 32 (D <= 128 at NV = 4; a token's
+// lanes are D/NV rounded up to a power of two, conv_lanes) and aligned rows; otherwise the kernels above run.
+// Lab: dev/cuda/conv_norm.cu (v5; v3 is NV = 8; v6 lets D/NV be any count up to 32, for the 1b KDA's D = 120).
 
+// lanes per token: D / NV rounded up to a power of two (<= 32); lanes past D / NV hold no channels and add zeros
+// (D = 120 at NV = 4: 30 of 32 lanes)
+__host__ __device__ __forceinline__ int conv_lanes(int D, int NV) {
+    int n = 1;
+    while (n < D / NV) { n *= 2; }
+    return n;
+}
 // sum over the ng lanes of a token group (consecutive lanes, ng a power of two <= 32); every lane of the warp calls it
 __device__ __forceinline__ float group_sum(float v, int ng) {
     for (int o = ng / 2; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffff, v, o); }
@@ -886,12 +894,13 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forwa
     conv_stage(zs, z, hist, b, T, Ch, h * D, D, t0 - (CS - 1), nrows, t1, CS);
     for (int i = threadIdx.x; i < D * CS; i += CONV_THREADS) { ws[i] = tof(w[(long)h * D * CS + i]); }
     __syncthreads();
-    int ng = D / NV, g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = NV * g;
+    int ng = conv_lanes(D, NV), g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = NV * g;
+    bool act = c0 < D; // a lane with channels
     float wr[NV][CS];
     #pragma unroll
     for (int u = 0; u < NV; u++) {
         #pragma unroll
-        for (int k = 0; k < CS; k++) { wr[u][k] = ws[(c0 + u) * CS + k]; }
+        for (int k = 0; k < CS; k++) { wr[u][k] = act ? ws[(c0 + u) * CS + k] : 0.0f; }
     }
     int iters = (CONV_TR + nrun - 1) / nrun; // the same count for every thread: the group sums are warp shuffles
     for (int it = 0; it < iters; it++) {
@@ -900,7 +909,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forwa
         float acc[NV], o[NV], ss = 0.0f;
         #pragma unroll
         for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
-        if (ok) {
+        if (ok && act) {
             #pragma unroll
             for (int j = 0; j < CS; j++) { // the taps in v2's order: z[t - j] with w[CS - 1 - j]
                 XV<NV> zr = *(const XV<NV>*)(zs + (tr + CS - 1 - j) * D + c0);
@@ -921,7 +930,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forwa
             ss = group_sum(ss, ng);
             r = rsqrtf(ss + L2NORM_EPS_F);
         }
-        if (!ok) { continue; }
+        if (!ok || !act) { continue; }
         if (pre) { *(XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0) = px; }
         if (norm && g == 0) { rstd[((long)b * T + t) * H + h] = r; }
         XV<NV> ov;
@@ -946,12 +955,13 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
     int bh = blockIdx.x, b = bh / H, h = bh % H, Ch = H * D;
     int t0 = blockIdx.y * CONV_TR, t1 = min(T, t0 + CONV_TR);
     conv_stage(zs, z, nullptr, b, T, Ch, h * D, D, t0 - (CS - 1), pre ? nr : nr + CS - 1, pre ? t1 : T, CS); // as above
-    int ng = D / NV, g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = NV * g;
+    int ng = conv_lanes(D, NV), g = threadIdx.x % ng, run = threadIdx.x / ng, nrun = CONV_THREADS / ng, c0 = NV * g;
+    bool act = c0 < D; // a lane with channels
     float wr[NV][CS]; // this thread's taps (the forward's values: floatX weights as fp32)
     #pragma unroll
     for (int u = 0; u < NV; u++) {
         #pragma unroll
-        for (int k = 0; k < CS; k++) { wr[u][k] = tof(w[((long)h * D + c0 + u) * CS + k]); }
+        for (int k = 0; k < CS; k++) { wr[u][k] = act ? tof(w[((long)h * D + c0 + u) * CS + k]) : 0.0f; }
     }
     if (!pre) { __syncthreads(); } // phase 1 reads zs
     // phase 1: dpre of the tile and the CS-1 tokens after it (rows at or after T: zero); pre read or made again
@@ -962,7 +972,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
         float dyv[NV], ov[NV], pv[NV], dot = 0.0f, rr = 1.0f;
         #pragma unroll
         for (int u = 0; u < NV; u++) { dyv[u] = 0.0f; ov[u] = 0.0f; pv[u] = 0.0f; }
-        if (ok) {
+        if (ok && act) {
             long ob = (((long)b * H + h) * Tp + t) * Dp + c0;
             ldvf<NV>(dyv, dy + ob);
             XV<NV> xo = *(const XV<NV>*)(out + ob), xp;
@@ -989,7 +999,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
             if (norm) { rr = rstd[((long)b * T + t) * H + h]; }
         }
         if (norm) { dot = group_sum(dot, ng); }
-        if (r >= nr) { continue; }
+        if (r >= nr || !act) { continue; }
         float dp[NV];
         #pragma unroll
         for (int u = 0; u < NV; u++) {
@@ -1007,7 +1017,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
         #pragma unroll
         for (int k = 0; k < CS; k++) { dwr[u][k] = 0.0f; }
     }
-    for (int s = t0 + run; s < t1; s += nrun) {
+    for (int s = t0 + run; act && s < t1; s += nrun) {
         int r = s - t0;
         float acc[NV], dp[NV];
         ldvf<NV>(dp, dps + r * D + c0);
@@ -1039,7 +1049,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
     }
     __syncthreads(); // dps is reused for the warps' sums: (8 warps, D, CS)
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = CONV_THREADS / 32;
-    if (lane < ng) {
+    if (lane < ng && act) {
         #pragma unroll
         for (int u = 0; u < NV; u++) {
             #pragma unroll
@@ -1057,8 +1067,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
 }
 
 template <int NV> static bool conv_vec_ok(int H, int D, int cs, std::initializer_list<const void*> ptrs) {
-    int ng = D / NV;
-    bool ok = D % NV == 0 && ng >= 1 && ng <= 32 && (ng & (ng - 1)) == 0 && cs >= 1 && cs <= CONV_CS_MAX && (H * D) % 8 == 0;
+    bool ok = D % NV == 0 && D >= NV && D / NV <= 32 && cs >= 1 && cs <= CONV_CS_MAX && (H * D) % 8 == 0;
     for (const void* p : ptrs) { ok = ok && (!p || aligned16(p)); }
     return ok;
 }

@@ -26,6 +26,11 @@ Versions:
   v5  the trainer's kernels: v4 (and v2 where v4 cannot run) with a backward that makes pre again from the staged z
       (the tile's rows and cs-1 more on each side, the forward's sum in its order, so bit for bit the same): pre is
       neither stored nor read (one (N, D) floatX tensor per call less: 4.5 GiB of pgdn-340m's 16 x 2048 step).
+      H200, 2026-12-01: fwd 0.109 ms, bwd 0.203 ms (v4 0.114 / 0.197) at the timing shape.
+  v6  the trainer's kernels: v5 with the vector kernels for any D/NV up to 32, not only powers of two (a token's lanes
+      are D/NV rounded up to one; the extra lanes hold no channels and add zeros to the group sums), so the 1b
+      KDA's D = 120 (30 of 32 lanes) leaves the v2 tiles (at that shape the tiles took fwd 0.155 / bwd 0.438 ms
+      against v4's 0.114 / 0.197 at D = 128). The timing shape also runs at D = 120 (rows of 128).
 
 CPU reference in double from the inputs as the device sees them (z, w, history rounded to floatX; pre and o rounded
 to floatX where the device stores or rounds them).
@@ -46,14 +51,14 @@ Build and run (from the repository root):
 #include "../../train_pdn.cu"
 #include "common.h"
 
-#define NVERSIONS 5
+#define NVERSIONS 6
 #ifdef ENABLE_FP32
 static const double TOL_X = 1e-5, TOL_DX = 1e-4, TOL_RSTD = 1e-5, TOL_DW = 1e-4;
 #else
 static const double TOL_X = 1e-2, TOL_DX = 1e-2, TOL_RSTD = 1e-3, TOL_DW = 1e-2;
 #endif
-static const char* VERSION_NAME[6] = {"", "v1 token chain", "v2 smem tiles", "v3 8-channel thr", "v4 4-channel thr",
-                                     "v5 pre made again"};
+static const char* VERSION_NAME[7] = {"", "v1 token chain", "v2 smem tiles", "v3 8-channel thr", "v4 4-channel thr",
+                                     "v5 pre made again", "v6 any lane count"};
 
 // ----------------------------------------------------------------------------------------------------
 // v1: the trainer's kernels until 2026-12-01 (4 warps per block, one 64-token range per warp)
@@ -247,25 +252,29 @@ static void cv_free(CvDev& d) {
     cudaCheck(cudaFree(d.out)); cudaCheck(cudaFree(d.dz)); cudaCheck(cudaFree(d.rstd)); cudaCheck(cudaFree(d.dy));
     cudaCheck(cudaFree(d.dw));
 }
+// v4 and v5 ran the vector kernels only where D/4 is a power of two (else the v2 tiles); v6 is the trainer's dispatch
+static bool cv_pow2_lanes(int D) { return D % 4 == 0 && conv_lanes(D, 4) == D / 4; }
 static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale, int hist) {
     const floatX* h = hist ? d.hist : nullptr;
     float* r = norm ? d.rstd : nullptr;
+    bool vec = v == 3 || ((v == 4 || v == 5) && cv_pow2_lanes(s.D));
     if (v == 1) { conv_norm_forward_v1(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 2) { conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
-    else if (v == 4 || v == 5) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
-    else if (!conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale)) {
+    else if (v == 6) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
+    else if (!vec || !(v == 3 ? conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale)
+                              : conv_norm_forward_vec<4>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale))) {
         conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale);
     }
 }
 static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale) {
     const float* r = norm ? d.rstd : nullptr;
+    const floatX* pre = v >= 5 ? nullptr : d.pre; // v5, v6: pre made again from z
     int ld = s.H * s.D;
+    bool vec = v == 3 || ((v == 4 || v == 5) && cv_pow2_lanes(s.D));
     if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 2) { conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
-    else if (v == 4) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
-    else if (v == 5) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, nullptr, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
-    else if (!conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale)) {
-        conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale);
+    else if (v == 6) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
+    else if (!vec || !(v == 3 ? conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale)
+                              : conv_norm_backward_vec<4>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale))) {
+        conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale);
     }
 }
 
@@ -395,8 +404,8 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
     cv_free(d);
 }
 
-static void bench(int version_sel) {
-    CvShape s{16, 2048, 8, 128, 4, 2048, 128};
+// the 340m shape (one of q, k) and the 1b KDA's (14 heads of 120 in rows of 128, 8 x 2048 tokens)
+static void bench_shape(int version_sel, const CvShape& s) {
     CvDev d;
     cv_alloc(d, s);
     long n = (long)s.B * s.T * s.H * s.D, nh = (long)s.B * s.H * s.Tp * s.Dp;
@@ -404,25 +413,31 @@ static void bench(int version_sel) {
     lab_fill(d.w, (long)s.H * s.D * s.cs, FILL_NORMAL, 0.0f, 0.5f, 42);
     lab_fill(d.dy, nh, FILL_NORMAL, 0.0f, 1.0f, 43);
     cudaCheck(cudaMemset(d.dw, 0, (size_t)s.H * s.D * s.cs * sizeof(float)));
-    double xs = sizeof(floatX), fbytes = n * 3 * xs; // fwd: z in, pre + out out (the trainer's v5 forward writes no pre)
-    printf("\n=== timing: conv_norm (%s), B=%d H=%d T=%d D=%d cs=%d, with norm; GB/s counts the minimal traffic ===\n",
-           PRECISION_NAME, s.B, s.H, s.T, s.D, s.cs);
+    double xs = sizeof(floatX);
+    printf("\n=== timing: conv_norm (%s), B=%d H=%d T=%d D=%d (rows of %d) cs=%d, with norm; GB/s counts the minimal traffic ===\n",
+           PRECISION_NAME, s.B, s.H, s.T, s.D, s.Dp, s.cs);
     printf("%-18s %10s %8s %10s %8s\n", "version", "fwd ms", "GB/s", "bwd ms", "GB/s");
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
-        double tf = v == 5 ? bench_ms([&] { // as the trainer runs it: no pre
-                                 conv_norm_forward(nullptr, d.out, d.rstd, d.z, d.w, nullptr, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, 1, 1.0f);
-                             })
-                           : bench_ms([&] { cv_forward(d, v, s, 1, 1.0f, 0); });
-        double fb = v == 5 ? fbytes * 2 / 3 : fbytes;
+        if (v == 1 && s.Dp != s.D) { continue; }
+        bool nopre = v >= 5; // as the trainer runs them: the forward writes no pre, the backward makes it again
+        double tf = nopre ? bench_ms([&] {
+                                conv_norm_forward(nullptr, d.out, d.rstd, d.z, d.w, nullptr, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, 1, 1.0f);
+                            })
+                          : bench_ms([&] { cv_forward(d, v, s, 1, 1.0f, 0); });
+        double fb = n * (nopre ? 2 : 3) * xs; // fwd: z in, (pre +) out out
         cv_forward(d, v, s, 1, 1.0f, 0);
         double tb = bench_ms([&] { cv_backward(d, v, s, 1, 1.0f); });
-        double bbytes = n * (4 + (v == 5 ? 3 : 4) * xs); // bwd: dy, out, (pre,) z in, dz out
+        double bbytes = n * (4 + (nopre ? 3 : 4) * xs); // bwd: dy, out, (pre,) z in, dz out
         printf("%-18s %10.4f %8.0f %10.4f %8.0f\n", VERSION_NAME[v], tf, fb / tf / 1e6, tb, bbytes / tb / 1e6);
         fflush(stdout);
     }
     printf("\n");
     cv_free(d);
+}
+static void bench(int version_sel) {
+    bench_shape(version_sel, CvShape{16, 2048, 8, 128, 4, 2048, 128});
+    bench_shape(version_sel, CvShape{8, 2048, 14, 120, 4, 2048, 128});
 }
 
 #ifndef LAB_NO_MAIN
