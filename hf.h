@@ -697,7 +697,7 @@ static void hf_write_config(const char* path, const PdnConfig* c, int cls, int v
 
 // ---- reading a config: each field with fla's default for that class when it is absent
 
-typedef struct { const JDoc* d; char err[300]; const char* path; } HfCfg;
+typedef struct { const JDoc* d; char err[300]; } HfCfg;
 
 static int hfc_null(HfCfg* h, const char* key) { int k = j_get(h->d, 0, key); return k < 0 || h->d->v[k].type == J_NULL; }
 

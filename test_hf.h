@@ -334,7 +334,32 @@ static void test_hf_keys(void) {
             free(text);
         }
     }
-    printf("  exported keys and shapes = fla's layer code for a 2-layer model of each of the 6 variants, tied and untied\n");
+    // at the paper's sizes the fla tensors add up to SPEC §7's counts (fla's models have exactly these parameters;
+    // pdn's export is a PGDN, so it has PGDN's count: the main-decay tensors it adds are the only difference)
+    struct { const char* preset; long long count; } sizes[] = {
+        {"dn-340m", 341594112}, {"pdn-340m", 342184896}, {"gdn-340m", 341791104}, {"pgdn-340m", 342184896},
+        {"kda-340m", 354226368}, {"pkda-340m", 354620160}, {"pgdn-1b", 996215184}, {"pkda-1b", 996392064},
+    };
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        PdnConfig c;
+        pdn_config_defaults(&c);
+        pdn_preset_apply(&c, sizes[i].preset);
+        pdn_config_check(&c);
+        const char* why;
+        int cls = hf_class_of(&c, &why);
+        HfTensor* ht = (HfTensor*)mallocCheck((3 + 32 * (size_t)c.n_layer) * sizeof(HfTensor));
+        int n = hf_tensors(&c, cls, c.vocab_size, ht);
+        long long total = 0;
+        for (int k = 0; k < n; k++) {
+            long long e = 1;
+            for (int j = 0; j < ht[k].ndim; j++) { e *= ht[k].shape[j]; }
+            total += e;
+        }
+        CHECK(total == sizes[i].count, "%s: the fla tensors hold %lld parameters, SPEC §7 says %lld", sizes[i].preset, total, sizes[i].count);
+        free(ht);
+    }
+    printf("  exported keys and shapes = fla's layer code for a 2-layer model of each of the 6 variants, tied and untied; "
+           "at the paper's sizes they add up to SPEC §7's counts (%zu presets)\n", sizeof(sizes) / sizeof(sizes[0]));
 }
 
 // ---- config.json: fla's defaults and the refusals

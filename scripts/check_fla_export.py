@@ -228,21 +228,29 @@ def check_tokenizer(export_dir, doc_path, shard_path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="out/check_fla", help="work directory (wiped)")
+    ap.add_argument("--out", default="out/check_fla", help="work directory (kept between calls; each step redoes its part)")
     ap.add_argument("--steps", type=int, default=200, help="training steps per variant (a sharp model: few near-ties)")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="forward direction: pdn.c variants to export")
+    ap.add_argument("--reverse", default=",".join(mt for mt, _ in REVERSE), help="reverse direction: fla model types "
+                    "to import ('' for none)")
+    ap.add_argument("--dtypes", default="fp32,bf16", help="forward direction: export dtypes to load in fla")
     ap.add_argument("--cpu", action="store_true", help="use ./train_pdn for training and --debug-state (a smoke test "
                     "of this script's pdn.c side on a machine without a GPU)")
     ap.add_argument("--no-fla", action="store_true", help="skip everything that needs torch and fla")
     args = ap.parse_args()
     os.chdir(os.path.dirname(HERE))
+    variants = [v for v in args.variants.split(",") if v]
+    reverse = [r for r in REVERSE if r[0] in args.reverse.split(",")]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if any(v not in VARIANTS for v in variants) or any(d not in CRIT for d in dtypes):
+        sys.exit(f"error: --variants takes {','.join(VARIANTS)} and --dtypes fp32,bf16")
     train = "./train_pdn" if args.cpu else "./train_pdncu"
     train32 = "./train_pdn" if args.cpu else "./train_pdncu_fp32"
     for b in (train, train32, "./dev/data/train_bpe", "./dev/data/prepare_shards"):
         if not os.path.exists(b):
             sys.exit(f"error: {b} is missing: run make first (check_fla_export.sh does)")
     out = args.out
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
+    os.makedirs(out, exist_ok=True)
     if not args.no_fla:
         import torch
         import transformers
@@ -256,8 +264,10 @@ def main():
               f"from {os.path.dirname(fla.__file__)}; {torch.cuda.get_device_name(0)}; TRITON_F32_DEFAULT="
               f"{os.environ.get('TRITON_F32_DEFAULT', '(unset: tf32)')}; tied-weights fix applied to: {patched or 'none'}")
 
-    # data: a BPE vocabulary and shards from the repository's own text (no download)
+    # data: a BPE vocabulary and shards from the repository's own text (no download; the same on every call)
     docs = ["README.md", "dev/data/README.md", "dev/cuda/README.md"]
+    for d in ("tok", "data", "tokcheck"):
+        shutil.rmtree(f"{out}/{d}", ignore_errors=True)
     run(["./dev/data/train_bpe", "--vocab-size", "512", "--quiet", "1", "--out-dir", f"{out}/tok"] + docs, "train_bpe")
     tok_bin = f"{out}/tok/tokenizer.bin"
     run(["./dev/data/prepare_shards", "--tokenizer", tok_bin, "--out", f"{out}/data/t", "--val-tokens", "4096",
@@ -269,11 +279,13 @@ def main():
     rows = []
 
     # forward: pdn.c -> fla
-    for v in VARIANTS:
+    for v in variants:
+        for d in [f"run_{v}"] + [f"hf_{v}_{dt}" for dt in CRIT]:
+            shutil.rmtree(f"{out}/{d}", ignore_errors=True)
         run([train, "--preset", f"{v}-tiny", *text, "-b", "8", "-t", str(T), "-x", str(args.steps), "-l", "3e-3",
              "-u", "20", "-v", "0", "-o", f"{out}/run_{v}"], f"training {v}")
         ckpt = f"{out}/run_{v}/model_{args.steps:08d}.bin"
-        for dt in ("fp32", "bf16"):
+        for dt in dtypes:
             run([train, "-e", ckpt, "--tokenizer", tok_bin, "--export-hf", f"{out}/hf_{v}_{dt}", "--export-dtype", dt],
                 f"--export-hf {v} {dt}")
         run([train32, "-e", ckpt, *text, "-b", str(B), "-t", str(T), "--debug-state", f"{out}/dbg_{v}.bin"],
@@ -283,7 +295,7 @@ def main():
             rows.append((f"pdn.c -> fla", v, MODEL_TYPE[v], "-", None))
             continue
         import torch
-        for dt in ("fp32", "bf16"):
+        for dt in dtypes:
             what = f"{v} {dt} export"
             over = {"attn_mode": "fused_recurrent"} if v == "dn" and dt == "fp32" else {}
             model, keys_ok = load_fla(f"{out}/hf_{v}_{dt}", torch.float32 if dt == "fp32" else torch.bfloat16, what, **over)
@@ -295,19 +307,23 @@ def main():
             rows.append(("pdn.c -> fla", v, type(model).__name__, dt, r))
             del model
             torch.cuda.empty_cache()
-        if v == "pgdn":
+        if v == variants[0]:
             shard = sorted(glob.glob(f"{out}/tokcheck/t_*.bin"))[0]
-            name, n, ok = check_tokenizer(f"{out}/hf_{v}_fp32", docs[2], shard)
+            name, n, ok = check_tokenizer(f"{out}/hf_{v}_{dtypes[0]}", docs[2], shard)
             print(f"tokenizer: AutoTokenizer -> {name}; {docs[2]}: {n} ids, {'identical to pdn.c' if ok else 'DIFFERENT'}")
 
     # reverse: fla -> pdn.c
-    if not args.no_fla:
+    if not args.no_fla and reverse:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
-        vocab = len(json.load(open(f"{out}/hf_pgdn_fp32/vocab.json")))
+        vocab = len(json.load(open(f"{out}/tok/encoder.json")))
         eot = vocab - 1   # train_bpe puts <|endoftext|> last
         for i, (mt, kw) in enumerate(REVERSE):
+            if (mt, kw) not in reverse:
+                continue
             what = f"{mt} from fla"
+            for d in (f"fla_{mt}", f"imp_{mt}"):
+                shutil.rmtree(f"{out}/{d}", ignore_errors=True)
             cfg = AutoConfig.for_model(mt, hidden_size=64, num_heads=2, num_hidden_layers=2, vocab_size=vocab,
                                        intermediate_size=None, bos_token_id=eot, eos_token_id=eot, **kw)
             model = AutoModelForCausalLM.from_config(cfg, **tf_kwargs(torch.float32))
@@ -318,8 +334,9 @@ def main():
             print(f"{what}: saved; {len(removed)} config fields left to their defaults: {', '.join(sorted(removed))}")
             over = {"attn_mode": "fused_recurrent"} if mt == "delta_net" else {}
             back, keys_ok = load_fla(d, torch.float32, what + " (defaults stripped)", **over)
-            same = all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
-            if not same or list(model.state_dict()) != list(back.state_dict()):
+            same = list(model.state_dict()) == list(back.state_dict()) and \
+                all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), back.state_dict().values()))
+            if not same:
                 fail_row(f"{what}: reloaded from the stripped config.json, fla builds a different model")
             del model
             run([train, "--import-hf", d, "-o", f"{out}/imp_{mt}"], f"--import-hf {mt}")
