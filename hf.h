@@ -18,6 +18,8 @@ Variants and fla classes (fla/models/<name>; checked against fla-org/flash-linea
   pgdn -> precond_gated_deltanet  PrecondGatedDeltaNetForCausalLM
   kda  -> kda                     KDAForCausalLM                 (its sigmoid output gate is pdn.c's --out-gate 1)
   pkda -> precond_kda             PrecondKDAForCausalLM
+  kda, pkda with --out-gate 0 -> kda / precond_kda with the output gate held at exactly 1: g_proj's two weights 0
+          and its bias 100, so the gate is sigmoid(100) = 1 / (1 + 3.7e-44), which is 1.0 in fp32 and bf16
   pdn  -> precond_gated_deltanet with the main decay held at exactly 1: fla's layer computes
           g = -exp(A_log) * softplus(a_proj(x) + dt_bias) in fp32 (layers/precond_gated_deltanet.py), so A_log = -inf
           gives exp(A_log) = 0, g = -0 and exp(g) = 1 exactly for every token, whatever a_proj and dt_bias hold (we
@@ -557,8 +559,11 @@ static const HfKey HF_KEYS_COMMON[] = {
 static const HfKey HF_KEYS_SCALAR[] = {{T_WA, "attn.a_proj.weight"}, {T_A_LOG, "attn.A_log"}, {T_DT_BIAS, "attn.dt_bias"}};
 static const HfKey HF_KEYS_CHANNEL[] = {   // KDA: f_proj and g_proj are nn.Sequential(Linear, Linear)
     {T_WF1, "attn.f_proj.0.weight"}, {T_WF2, "attn.f_proj.1.weight"}, {T_A_LOG, "attn.A_log"}, {T_DT_BIAS, "attn.dt_bias"},
+};
+static const HfKey HF_KEYS_GATE[] = {   // KDA's output gate (pdn.c's --out-gate 1)
     {T_WG1, "attn.g_proj.0.weight"}, {T_WG2, "attn.g_proj.1.weight"}, {T_BG2, "attn.g_proj.1.bias"},
 };
+#define HF_GATE_OPEN 100.0f   // the bias of a gate held open: sigmoid(100) is 1.0 in fp32
 static const HfKey HF_KEYS_PGDN_ATK[] = {
     {T_WAP, "attn.a_atk_proj.weight"}, {T_WBP, "attn.b_atk_proj.weight"}, {T_A_LOGP, "attn.A_log_atk"},
     {T_DT_BIASP, "attn.dt_bias_atk"}, {T_LOG_ATK_SCALE, "attn.log_atk_scale"},
@@ -575,8 +580,7 @@ static int hf_class_of(const PdnConfig* c, const char** why) {
     if (c->precond == PRECOND_EXACT) { *why = "the exact preconditioner (--precond exact) has no fla class"; return -1; }
     int p = c->precond == PRECOND_DIAG;
     if (c->decay == DECAY_CHANNEL) {
-        if (!c->out_gate) { *why = "fla's KDA layers always have the sigmoid output gate: export needs --out-gate 1"; return -1; }
-        return p ? HF_PKDA : HF_KDA;
+        return p ? HF_PKDA : HF_KDA;   // --out-gate 0: the gate held open
     }
     if (c->out_gate) {
         *why = "fla's DeltaNet/GatedDeltaNet output gate is a full-rank swish gate, not pdn.c's --out-gate 1 (low-rank sigmoid)";
@@ -611,13 +615,14 @@ static int hf_tensors(const PdnConfig* c, int cls, int rows, HfTensor* t) {
     int n = 0, H = c->n_head;
     hf_put(t, &n, "model.embeddings.weight", -1, T_WTE, 0, 2, rows, c->d_model, 0);
     for (int l = 0; l < c->n_layer; l++) {
-        const HfKey* sets[3] = {HF_KEYS_COMMON, NULL, NULL};
-        int counts[3] = {HF_NKEYS(HF_KEYS_COMMON), 0, 0};
+        const HfKey* sets[4] = {HF_KEYS_COMMON, NULL, NULL, NULL};
+        int counts[4] = {HF_NKEYS(HF_KEYS_COMMON), 0, 0, 0};
         if (c->decay == DECAY_SCALAR) { sets[1] = HF_KEYS_SCALAR; counts[1] = HF_NKEYS(HF_KEYS_SCALAR); }
         if (c->decay == DECAY_CHANNEL) { sets[1] = HF_KEYS_CHANNEL; counts[1] = HF_NKEYS(HF_KEYS_CHANNEL); }
         if (cls == HF_PGDN) { sets[2] = HF_KEYS_PGDN_ATK; counts[2] = HF_NKEYS(HF_KEYS_PGDN_ATK); }
         if (cls == HF_PKDA) { sets[2] = HF_KEYS_PKDA_ATK; counts[2] = HF_NKEYS(HF_KEYS_PKDA_ATK); }
-        for (int s = 0; s < 3; s++) {
+        if (c->out_gate) { sets[3] = HF_KEYS_GATE; counts[3] = HF_NKEYS(HF_KEYS_GATE); }
+        for (int s = 0; s < 4; s++) {
             for (int k = 0; k < counts[s]; k++) {
                 const PdnTensor* pt = &lay.t[sets[s][k].id];
                 int id = sets[s][k].id, conv = id == T_CONV_Q || id == T_CONV_K || id == T_CONV_V;   // (L, C, size)
@@ -625,6 +630,12 @@ static int hf_tensors(const PdnConfig* c, int cls, int rows, HfTensor* t) {
                 else if (pt->ndim == 3) { hf_put(t, &n, sets[s][k].key, l, sets[s][k].id, 0, 2, pt->shape[1], pt->shape[2], 0); }
                 else { hf_put(t, &n, sets[s][k].key, l, sets[s][k].id, 0, 1, pt->shape[1], 0, 0); }
             }
+        }
+        if ((cls == HF_KDA || cls == HF_PKDA) && !c->out_gate) {   // the gate held open: sigmoid(0 x + 100) = 1
+            int V = pdn_head_v(c);
+            hf_put(t, &n, "attn.g_proj.0.weight", l, -1, 0.0f, 2, V, c->d_model, 0);
+            hf_put(t, &n, "attn.g_proj.1.weight", l, -1, 0.0f, 2, (long long)H * V, V, 0);
+            hf_put(t, &n, "attn.g_proj.1.bias", l, -1, HF_GATE_OPEN, 1, (long long)H * V, 0, 0);
         }
         if (cls == HF_PGDN && c->decay == DECAY_NONE) {   // pdn: g = -exp(-inf) * softplus(0 + 0) = -0
             hf_put(t, &n, "attn.a_proj.weight", l, -1, 0.0f, 2, H, c->d_model, 0);
@@ -884,6 +895,31 @@ static int hf_export(const char* dir, const PdnConfig* c, const real* params, in
     return n;
 }
 
+enum { HF_IS_NEG_INF, HF_IS_ZERO, HF_IS_OPEN };
+
+// whether every element of model.layers.<l>.<key> (shape s0 x s1, or s0 if s1 == 0) in every layer is -inf, 0, or a
+// gate bias b with sigmoid(b) == 1.0 in fp32 (fla's gate kernels compute in fp32); fails (exit 2) if one is unreadable
+static int hf_all_layers(StFile* st, const char* path, const PdnConfig* c, const char* key, int ndim, long long s0,
+                         long long s1, int what) {
+    long long shape[2] = {s0, s1};
+    size_t n = (size_t)s0 * (size_t)(s1 ? s1 : 1);
+    float* a = (float*)mallocCheck(n * sizeof(float));
+    int all = 1;
+    for (int l = 0; l < c->n_layer && all; l++) {
+        char name[96];
+        snprintf(name, sizeof name, "model.layers.%d.%s", l, key);
+        const char* why = st_read(st, name, ndim, shape, a);
+        if (why) { fail(EXIT_BADFILE, "%s: %s", path, why); }
+        for (size_t i = 0; i < n && all; i++) {
+            if (what == HF_IS_NEG_INF) { all = isinf(a[i]) && a[i] < 0; }
+            else if (what == HF_IS_ZERO) { all = a[i] == 0.0f; }
+            else { all = 1.0f / (1.0f + expf(-a[i])) == 1.0f; }
+        }
+    }
+    free(a);
+    return all;
+}
+
 // Reads DIR/config.json and DIR/model.safetensors into a config and a flat fp32 buffer (*params, num_elems,
 // padding zero). Every tensor the config implies must be there with its shape and no other may be (a tied
 // lm_head.weight is ignored, as transformers does: *tied_head_ignored says so). Fails with exit 2 and the reason
@@ -902,20 +938,16 @@ static void hf_import(const char* dir, PdnConfig* c, float** params, int* tied_h
     StFile st;
     why = st_open(&st, path);
     if (why) { fail(EXIT_BADFILE, "%s: %s", path, why); }
-    // a precond_gated_deltanet whose main decay is exactly 1 in every layer (A_log = -inf) is pdn
-    if (cls == HF_PGDN) {
-        int all_inf = 1;
-        for (int l = 0; l < c->n_layer && all_inf; l++) {
-            char key[96];
-            long long shape[1] = {c->n_head};
-            float* a = (float*)mallocCheck((size_t)c->n_head * sizeof(float));
-            snprintf(key, sizeof key, "model.layers.%d.attn.A_log", l);
-            why = st_read(&st, key, 1, shape, a);
-            if (why) { fail(EXIT_BADFILE, "%s: %s", path, why); }
-            for (int h = 0; h < c->n_head; h++) { all_inf &= isinf(a[h]) && a[h] < 0; }
-            free(a);
+    // a precond_gated_deltanet whose main decay is exactly 1 in every layer (A_log = -inf) is pdn; a (precond_)kda
+    // whose output gate is exactly 1 in every layer (zero weights, sigmoid(bias) = 1.0 in fp32) has --out-gate 0
+    if (cls == HF_PGDN && hf_all_layers(&st, path, c, "attn.A_log", 1, c->n_head, 0, HF_IS_NEG_INF)) { c->decay = DECAY_NONE; }
+    if (cls == HF_KDA || cls == HF_PKDA) {
+        int V = pdn_head_v(c), HV = c->n_head * V;
+        if (hf_all_layers(&st, path, c, "attn.g_proj.0.weight", 2, V, c->d_model, HF_IS_ZERO) &&
+            hf_all_layers(&st, path, c, "attn.g_proj.1.weight", 2, HV, V, HF_IS_ZERO) &&
+            hf_all_layers(&st, path, c, "attn.g_proj.1.bias", 1, HV, 0, HF_IS_OPEN)) {
+            c->out_gate = 0;
         }
-        if (all_inf) { c->decay = DECAY_NONE; }
     }
     PdnLayout lay;
     pdn_build_layout(c, &lay);
@@ -927,7 +959,7 @@ static void hf_import(const char* dir, PdnConfig* c, float** params, int* tied_h
     for (int i = 0; i < nt; i++) {
         const StEntry* e = st_find(&st, ht[i].name);
         if (e) { used[e - st.e] = 1; }
-        if (ht[i].id < 0) { continue; }   // pdn: the dead main-decay tensors (A_log = -inf makes them irrelevant)
+        if (ht[i].id < 0) { continue; }   // constants (pdn's main decay, a gate held open): nothing to keep
         float* dst = PDN_PARAM(*params, &lay, ht[i].id, ht[i].layer < 0 ? 0 : ht[i].layer);
         why = st_read(&st, ht[i].name, ht[i].ndim, ht[i].shape, dst);
         if (why) { fail(EXIT_BADFILE, "%s: %s (config.json: %s)", path, why, HF_MODEL_TYPE[cls]); }

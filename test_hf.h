@@ -50,15 +50,16 @@ static int hf_same_config(const PdnConfig* a, const PdnConfig* b) {
 }
 
 static void test_hf_roundtrip(void) {
-    const char* variants[] = {"dn", "pdn", "gdn", "pgdn", "kda", "pkda"};
+    const char* variants[] = {"dn", "pdn", "gdn", "pgdn", "kda", "pkda", "kda", "pkda"};   // the last two: --out-gate 0
     int ok = 0;
-    for (int v = 0; v < 6; v++) {
+    for (int v = 0; v < 8; v++) {
         for (int tie = 0; tie < 2; tie++) {
             PdnConfig c = hf_config(variants[v], tie), c2;
+            if (v >= 6) { c.out_gate = 0; }
             PdnLayout lay;
             float* p = hf_params(&c, &lay, 100 + v * 2 + tie);
             char dir[128];
-            snprintf(dir, sizeof dir, "%s/rt_%s_%d", hf_base, variants[v], tie);
+            snprintf(dir, sizeof dir, "%s/rt_%d_%d", hf_base, v, tie);
             int cls, rows, ign;
             hf_export(dir, &c, p, 0, NULL, &cls, &rows);
             float* q;
@@ -70,7 +71,8 @@ static void test_hf_roundtrip(void) {
             free(p); free(q);
         }
     }
-    printf("  export -> import bit-exact (fp32): %d of 12 (6 variants, tied and untied, non-default constants)\n", ok);
+    printf("  export -> import bit-exact (fp32): %d of 16 (6 variants and kda/pkda with --out-gate 0, tied and untied, "
+           "non-default constants)\n", ok);
 }
 
 // ---- bf16 rounding
@@ -286,10 +288,14 @@ static void test_hf_keys(void) {
         {"dn", FLA_DELTA_NET, "delta_net"}, {"pdn", FLA_PRECOND_GATED_DELTANET, "precond_gated_deltanet"},
         {"gdn", FLA_GATED_DELTANET, "gated_deltanet"}, {"pgdn", FLA_PRECOND_GATED_DELTANET, "precond_gated_deltanet"},
         {"kda", FLA_KDA, "kda"}, {"pkda", FLA_PRECOND_KDA, "precond_kda"},
+        {"kda-gate", FLA_KDA, "kda"}, {"pkda-gate", FLA_PRECOND_KDA, "precond_kda"},   // --out-gate 0: the same keys
     };
     for (size_t v = 0; v < sizeof(cases) / sizeof(cases[0]); v++) {
         for (int tie = 0; tie < 2; tie++) {
-            PdnConfig c = hf_config(cases[v].variant, tie);
+            char base[16];
+            snprintf(base, sizeof base, "%.*s", (int)strcspn(cases[v].variant, "-"), cases[v].variant);
+            PdnConfig c = hf_config(base, tie);
+            if (strchr(cases[v].variant, '-')) { c.out_gate = 0; }
             PdnLayout lay;
             float* p = hf_params(&c, &lay, 3);
             char dir[128], path[160];
@@ -358,7 +364,8 @@ static void test_hf_keys(void) {
         CHECK(total == sizes[i].count, "%s: the fla tensors hold %lld parameters, SPEC §7 says %lld", sizes[i].preset, total, sizes[i].count);
         free(ht);
     }
-    printf("  exported keys and shapes = fla's layer code for a 2-layer model of each of the 6 variants, tied and untied; "
+    printf("  exported keys and shapes = fla's layer code for a 2-layer model of each of the 6 variants (and kda/pkda "
+           "with --out-gate 0), tied and untied; "
            "at the paper's sizes they add up to SPEC §7's counts (%zu presets)\n", sizeof(sizes) / sizeof(sizes[0]));
 }
 
@@ -414,12 +421,10 @@ static void test_hf_config(void) {
     const char* why;
     x.precond = PRECOND_EXACT;
     CHECK(hf_class_of(&x, &why) < 0 && strstr(why, "exact"), "--precond exact exported");
-    x = hf_config("kda", 1); x.out_gate = 0;
-    CHECK(hf_class_of(&x, &why) < 0 && strstr(why, "out-gate"), "kda without its output gate exported");
     x = hf_config("gdn", 1); x.out_gate = 1;
     CHECK(hf_class_of(&x, &why) < 0 && strstr(why, "swish"), "gdn with pdn.c's output gate exported");
     printf("  config.json: fla's defaults for absent fields (gated_deltanet, precond_kda, delta_net); %d configs pdn.c "
-           "cannot represent refused with the reason; 3 pdn.c options fla lacks refused at export\n", refused);
+           "cannot represent refused with the reason; 2 pdn.c options fla lacks refused at export\n", refused);
 }
 
 // ---- the command line: files refused by --import-hf (exit 2 and the reason), tokenizer files, -e after import

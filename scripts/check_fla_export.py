@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """check_fla_export.py: pdn.c's --export-hf / --import-hf checked against fla itself (run by check_fla_export.sh).
 
-Forward (pdn.c -> fla), for dn, pdn, gdn, pgdn, kda, pkda: train a tiny model a few steps with train_pdncu on text
+Forward (pdn.c -> fla), for dn, pdn, gdn, pgdn, kda, pkda and kda with --out-gate 0: train a tiny model a few steps with train_pdncu on text
 (a 512-token BPE learned from the repository's READMEs), export it (fp32 and bf16), load it with
 AutoModelForCausalLM.from_pretrained (fla imported; output_loading_info: no missing, unexpected or mismatched keys;
 every parameter equal to the file, the tied head being the embedding), run it on the token batch that
@@ -38,9 +38,10 @@ import sys
 import zlib
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VARIANTS = ["dn", "pdn", "gdn", "pgdn", "kda", "pkda"]
+# kda-gate: kda with --out-gate 0, exported with fla's output gate held open (g_proj = 0, bias 100)
+VARIANTS = ["dn", "pdn", "gdn", "pgdn", "kda", "pkda", "kda-gate"]
 MODEL_TYPE = {"dn": "delta_net", "pdn": "precond_gated_deltanet", "gdn": "gated_deltanet",
-              "pgdn": "precond_gated_deltanet", "kda": "kda", "pkda": "precond_kda"}
+              "pgdn": "precond_gated_deltanet", "kda": "kda", "pkda": "precond_kda", "kda-gate": "kda"}
 # the reverse direction: one model per fla class, shapes and ties varied (d 64, 2 heads, 2 layers)
 REVERSE = [
     ("delta_net", dict(expand_k=1.0, expand_v=1.0, use_gate=False, tie_word_embeddings=True)),
@@ -282,7 +283,8 @@ def main():
     for v in variants:
         for d in [f"run_{v}"] + [f"hf_{v}_{dt}" for dt in CRIT]:
             shutil.rmtree(f"{out}/{d}", ignore_errors=True)
-        run([train, "--preset", f"{v}-tiny", *text, "-b", "8", "-t", str(T), "-x", str(args.steps), "-l", "3e-3",
+        preset = ["--preset", f"{v.split('-')[0]}-tiny"] + (["--out-gate", "0"] if v.endswith("-gate") else [])
+        run([train, *preset, *text, "-b", "8", "-t", str(T), "-x", str(args.steps), "-l", "3e-3",
              "-u", "20", "-v", "0", "-o", f"{out}/run_{v}"], f"training {v}")
         ckpt = f"{out}/run_{v}/model_{args.steps:08d}.bin"
         for dt in dtypes:
