@@ -18,7 +18,7 @@ else
   $(info OpenMP: no (single-threaded; install libgomp or use a compiler with -fopenmp))
 endif
 
-HEADERS = utils.h pdn.h mqar.h train_common.h dist.h $(DATA_HEADERS)
+HEADERS = utils.h pdn.h mqar.h train_common.h dist.h hf.h $(DATA_HEADERS)
 
 # the Python-free data path: tokenizer, token shards, data loader (header-only) and the dev/data tools
 DATA_HEADERS = tokenizer.h unicode_tables.h shard.h dataloader.h
@@ -75,10 +75,10 @@ train_pdn: train_pdn.c $(HEADERS)
 
 # the CPU tests in fp32, and the gradient checks in fp64 (the same code, real = double)
 # (the tests include train_pdn.c without its main, hence -Wno-unused-function)
-test_pdn: test_pdn.c train_pdn.c $(HEADERS)
+test_pdn: test_pdn.c test_hf.h train_pdn.c $(HEADERS)
 	$(CC) $(CFLAGS) -Wno-unused-function $< $(LDLIBS) -o $@
 
-test_pdn64: test_pdn.c train_pdn.c $(HEADERS)
+test_pdn64: test_pdn.c test_hf.h train_pdn.c $(HEADERS)
 	$(CC) $(CFLAGS) -Wno-unused-function -DPDN_DOUBLE $< $(LDLIBS) -o $@
 
 test: train_pdn test_pdn test_pdn64 $(DATA_TOOLS)

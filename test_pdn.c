@@ -2161,6 +2161,8 @@ static void run_dist_tests(void) {
     test_zero_plan();
 }
 
+#include "test_hf.h"
+
 static void run_float_tests(void) {
     printf("chunkwise vs per-token mixer (fp32):\n");
     test_chunk_vs_token_fp32();
@@ -2187,6 +2189,7 @@ static void run_float_tests(void) {
     test_mqar_learns();
     run_data_tests();
     run_text_tests();
+    run_hf_tests();
 }
 #endif
 

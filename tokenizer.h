@@ -6,8 +6,8 @@ Files it reads:
     vocab.bpe ("#version" line, then one merge "A B" per line, in rank order)
   - our binary form (.bin, magic "PDNTOKEN", described below; tokenizer_save writes it)
   - llm.c's gpt2_tokenizer.bin (decode only: it has no merges)
-tokenizer_load(path) tells them apart: a directory means encoder.json + vocab.bpe inside it; a file is
-recognised by its magic.
+tokenizer_load(path) tells them apart: a directory means encoder.json + vocab.bpe inside it (or, in a Hugging Face
+model directory, the same files named vocab.json + merges.txt); a file is recognised by its magic.
 
 API (all functions fail() with a one-line reason and exit code 2 on a bad file):
   void   tokenizer_load(Tokenizer* t, const char* path);          // directory, our .bin or llm.c's .bin
@@ -962,6 +962,11 @@ static void tokenizer_load(Tokenizer* t, const char* path) {
         char ej[2048], vb[2048];
         snprintf(ej, sizeof ej, "%s/encoder.json", path);
         snprintf(vb, sizeof vb, "%s/vocab.bpe", path);
+        if (!file_exists(ej)) {   // a Hugging Face directory names the same two files vocab.json and merges.txt
+            snprintf(ej, sizeof ej, "%s/vocab.json", path);
+            snprintf(vb, sizeof vb, "%s/merges.txt", path);
+            if (!file_exists(ej)) { snprintf(ej, sizeof ej, "%s/encoder.json", path); snprintf(vb, sizeof vb, "%s/vocab.bpe", path); }
+        }
         tokenizer_load_gpt2(t, ej, vb);
         return;
     }

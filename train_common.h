@@ -16,6 +16,7 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
 #include "mqar.h"
 #include "tokenizer.h"
 #include "dataloader.h"
+#include "hf.h"
 
 // X(type, field, short flag, long flag, default, help). type: I int, L long, F float, S string.
 #define TRAIN_FIELDS(X) \
@@ -55,6 +56,9 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
     X(I, top_k,         NULL, "--top-k",        "0",    "sample from the k most likely tokens (0: all)") \
     X(I, threads,       NULL, "--threads",      "0",    "OpenMP threads (0: all cores)") \
     X(S, debug_state,   NULL, "--debug-state",  "",     "write one step's inputs, logits, loss and grads to FILE and exit") \
+    X(S, export_hf,     NULL, "--export-hf",    "",     "with -e: write the checkpoint as an fla / Hugging Face directory DIR and exit") \
+    X(S, export_dtype,  NULL, "--export-dtype", "fp32", "--export-hf tensor type: fp32 | bf16 (round to nearest even)") \
+    X(S, import_hf,     NULL, "--import-hf",    "",     "read an fla / Hugging Face directory DIR, write -o OUTDIR/model_00000000.bin, exit") \
     X(I, world_size,    NULL, "--world-size",   "0",    "GPU trainer: processes in the job (0: the launcher's environment, else 1)") \
     X(I, rank,          NULL, "--rank",         "-1",   "GPU trainer: this process's rank (-1: the launcher's environment)") \
     X(I, local_rank,    NULL, "--local-rank",   "-1",   "GPU trainer: this process's GPU on its node (-1: launcher's, else rank % GPUs)") \
@@ -232,6 +236,14 @@ static void train_config_check(TrainConfig* tc, int nproc) {
     if (tc->resume && tc->init_ckpt[0]) { fail(EXIT_USAGE, "use either -y 1 (resume from -o) or -e FILE (init), not both"); }
     if (tc->generate && !tc->init_ckpt[0]) { fail(EXIT_USAGE, "--generate needs -e CHECKPOINT"); }
     if (!(tc->temperature >= 0) || tc->top_k < 0) { fail(EXIT_USAGE, "need --temperature >= 0 and --top-k >= 0"); }
+    if (strcmp(tc->export_dtype, "fp32") != 0 && strcmp(tc->export_dtype, "bf16") != 0) {
+        fail(EXIT_USAGE, "--export-dtype must be fp32 or bf16, got '%s'", tc->export_dtype);
+    }
+    if (tc->export_hf[0] && !tc->init_ckpt[0]) { fail(EXIT_USAGE, "--export-hf DIR needs -e CHECKPOINT, the checkpoint to export"); }
+    if (tc->export_hf[0] && tc->import_hf[0]) { fail(EXIT_USAGE, "use either --export-hf or --import-hf, not both"); }
+    if (tc->import_hf[0] && (!tc->out_dir[0] || tc->init_ckpt[0] || tc->resume)) {
+        fail(EXIT_USAGE, "--import-hf DIR needs -o OUTDIR (where the pdn.c checkpoint goes) and no -e or -y");
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -258,7 +270,7 @@ static int train_field_shown(const TrainConfig* tc, const TrainField* f) {
     static const char* const text_only[] = {"train", "val", "tokenizer", "sample_every"};
     static const char* const procs[] = {"world_size", "rank", "local_rank"}; // a line after the box says it
     int text = tc->train[0] != 0;
-    if (strncmp(f->name, "dist_", 5) == 0) { return 0; }
+    if (strncmp(f->name, "dist_", 5) == 0 || strstr(f->name, "_hf") || strcmp(f->name, "export_dtype") == 0) { return 0; }
     for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
         if (strcmp(f->name, procs[i]) == 0) { return 0; }
     }
@@ -1216,6 +1228,49 @@ static void print_done(const Run* r, const char* extra) {
     printf("done: %ld steps in %.1f s%s", r->steps_done, r->seconds, extra);
     if (r->final_val >= 0) { printf("; final val loss %.6f", r->final_val); }
     printf("\n");
+}
+
+// --export-hf / --import-hf (hf.h): both trainers run them before anything else and exit; no GPU is touched.
+// Returns 1 if one ran.
+static int hf_command(const TrainConfig* tc) {
+    if (tc->export_hf[0]) {
+        PdnConfig c;
+        PdnLayout lay;
+        real* params;
+        long step = pdn_checkpoint_read(tc->init_ckpt, &c, &lay, &params, NULL);
+        Tokenizer tok_mem;
+        Tokenizer* tok = load_tokenizer_flag(tc, &tok_mem);
+        int bf16 = strcmp(tc->export_dtype, "bf16") == 0, cls, rows;
+        int n = hf_export(tc->export_hf, &c, params, bf16, tok, &cls, &rows);
+        char vname[64];
+        pdn_variant_name(&c, vname, sizeof vname);
+        printf("exported %s (%s, step %ld) as %s (%s): %d tensors, %s, into %s\n", vname, tc->init_ckpt, step,
+               HF_MODEL_TYPE[cls], HF_ARCH[cls], n, bf16 ? "BF16" : "F32", tc->export_hf);
+        if (rows < c.vocab_size) { printf("  kept the tokenizer's %d vocabulary rows of %d (the rest are padding)\n", rows, c.vocab_size); }
+        if (!tok) { printf("  no --tokenizer: no tokenizer files written (lm-eval needs them)\n"); }
+        free(params);
+        if (tok) { tokenizer_free(tok); }
+        return 1;
+    }
+    if (tc->import_hf[0]) {
+        PdnConfig c;
+        PdnLayout lay;
+        float* params;
+        int ignored;
+        hf_import(tc->import_hf, &c, &params, &ignored);
+        if (ignored) { printf("import: lm_head.weight ignored: tie_word_embeddings is true (the embedding is the classifier)\n"); }
+        pdn_build_layout(&c, &lay);
+        ensure_dir(tc->out_dir);
+        char path[1100], vname[64];
+        snprintf(path, sizeof path, "%s/model_%08d.bin", tc->out_dir, 0);
+        pdn_checkpoint_write(path, &c, &lay, params, "f32", 0);
+        pdn_variant_name(&c, vname, sizeof vname);
+        printf("imported %s (%s, %zu parameters, vocab %d) into %s\n  continue training with: -e %s\n", tc->import_hf, vname,
+               lay.num_params, c.vocab_size, path, path);
+        free(params);
+        return 1;
+    }
+    return 0;
 }
 
 #endif // PDN_TRAIN_COMMON_H

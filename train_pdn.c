@@ -1533,6 +1533,7 @@ int main(int argc, char** argv) {
     if (tc.world_size > 1 || tc.dist_host[0] || tc.dist_dir[0]) {
         fail(EXIT_USAGE, "the CPU trainer runs in one process: --world-size, --dist-host and --dist-dir are for train_pdncu");
     }
+    if (hf_command(&tc)) { return 0; }
     char device[64];
 #ifdef _OPENMP
     if (tc.threads > 0) { omp_set_num_threads(tc.threads); }

@@ -4873,6 +4873,7 @@ int main(int argc, char** argv) {
     dist_identify(&tc); // rank and world size (one process unless a launcher or --world-size says otherwise)
     int world = dist.env.world, rank = dist.env.rank;
     train_config_check(&tc, world);
+    if (hf_command(&tc)) { return 0; }
     if (world > 1 && (tc.generate || tc.debug_state[0])) {
         fail(EXIT_USAGE, "--generate and --debug-state run in one process (this is rank %d of %d)", rank, world);
     }
