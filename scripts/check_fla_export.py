@@ -170,6 +170,9 @@ def compare(model, dbg, what, crit):
     if not ok:
         fail_row(f"{what}: logits max {mx:.2e} (<= {crit['mx']}), L2 {l2:.2e} (<= {crit['l2']}), argmax {agree:.4f} "
                  f"(>= {crit['agree']}; {close} near-ties), loss {loss_fla:.6f} vs {dbg['loss']:.6f} ({lrel:.2e} <= {crit['loss']})")
+    # as it comes (a run cut short by a time limit still shows what it compared; the table repeats it at the end)
+    print(f"{what}: logits max rel {mx:.2e}, L2 rel {l2:.2e}, argmax {100 * agree:.2f}% ({close} near-ties), "
+          f"loss {loss_fla:.6f} vs {dbg['loss']:.6f}: {'ok' if ok else 'FAIL'}", flush=True)
     return dict(mx=mx, l2=l2, agree=agree, close=close, loss_c=dbg["loss"], loss_fla=loss_fla, lrel=lrel, ok=ok)
 
 
