@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
     if (tok_bytes == 2 && tok.vocab_size > 65536) {
         fail(EXIT_USAGE, "--dtype uint16 cannot hold the ids of a %d-token vocabulary", tok.vocab_size);
     }
-    // the output directory (one level) must exist
+    // the output directory, made with every missing directory above it
     char dir[2048];
     snprintf(dir, sizeof dir, "%s", prefix);
     char* slash = strrchr(dir, '/');
