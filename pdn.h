@@ -3,12 +3,12 @@ pdn.h: the model definition shared by train_pdn.c (CPU reference) and train_pdn.
 defines:
 - PdnConfig and its field table PDN_CONFIG_FIELDS: every model knob once, used by the command line,
   the checkpoint header and the boxed printout
-- the presets (SPEC §7 for the paper's sizes, plus tiny/small ones for CPU work)
+- the presets (MODEL.md §7 for the paper's sizes, plus tiny/small ones for CPU work)
 - the parameter layout: one table of tensors (name, shape, offset, weight-decay flag, init) derived from the
   config. Every tensor lives in one flat buffer at its offset; per-layer tensors are stacked with a leading L.
-- parameter initialisation (SPEC §6), deterministic per tensor
+- parameter initialisation (MODEL.md §6), deterministic per tensor
 - the checkpoint file (self-describing text header + raw parameters, CRC-32, atomic write)
-The math of the model is in train_pdn.c; the contract is ../shared/SPEC.md.
+The math of the model is in train_pdn.c and MODEL.md.
 */
 #ifndef PDN_H
 #define PDN_H
@@ -75,7 +75,7 @@ static int pdn_head_v(const PdnConfig* c) { return c->head_k * c->expand_v; }
 // the log-decay's width per head: none 0, scalar 1, channel K
 static int pdn_decay_width(const PdnConfig* c) { return c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : c->head_k; }
 
-// SPEC §2: I = 256 * ceil(floor(d * 4 * 2/3) / 256)
+// MODEL.md §2: I = 256 * ceil(floor(d * 4 * 2/3) / 256)
 static int pdn_default_mlp_hidden(int d) {
     int h = (d * 8) / 3;
     return 256 * ((h + 255) / 256);
@@ -135,7 +135,7 @@ static void pdn_config_defaults(PdnConfig* c) {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// presets: NAME = variant-size, e.g. pgdn-340m. Sizes: tiny and small for CPU work, 340m and 1b from SPEC §7.
+// presets: NAME = variant-size, e.g. pgdn-340m. Sizes: tiny and small for CPU work, 340m and 1b from MODEL.md §7.
 
 typedef struct { const char* name; int decay, precond, out_gate; } PdnVariant;
 static const PdnVariant PDN_VARIANTS[] = {
@@ -181,7 +181,7 @@ static const PdnSize* pdn_preset_apply(PdnConfig* c, const char* name) {
         c->vocab_size = sz->vocab; c->expand_v = 1; c->mlp_hidden = 0; c->conv_size = 4;
         c->tie_embeddings = 1; c->neg_eigval = 0; c->norm_eps = 1e-6f; c->squash_x = 1.5f;
         c->precond_eps = 1e-6f; c->log_atk_scale_init = -0.2f; c->a_log_lo = 0.0f;
-        // SPEC §7: the 1b KDA and PKDA use K = 120 (14 heads x 120 keeps the parameter count near GDN's)
+        // MODEL.md §7: the 1b KDA and PKDA use K = 120 (14 heads x 120 keeps the parameter count near GDN's)
         if (strcmp(sz->name, "1b") == 0 && c->decay == DECAY_CHANNEL) { c->head_k = 120; }
         return sz;
     }
@@ -197,14 +197,36 @@ static void pdn_list_presets(FILE* f) {
     fprintf(f, "\n");
 }
 
+// Upper bounds of the dimensions, far above any model this code trains (the paper's largest: vocab 32000, d 1792,
+// 24 layers, 14 heads of 128, MLP 4864), so that every product of dimensions the code forms fits: H*K and H*V in
+// an int, a tensor (vocab x d, L x I x d) and the activations of a micro-batch (PDN_MAX_TOKENS tokens) in 64 bits.
+// They hold for the flags and for a checkpoint's header alike (both go through pdn_config_check).
+#define PDN_MAX_VOCAB (1 << 24)
+#define PDN_MAX_D_MODEL 65536
+#define PDN_MAX_LAYERS 1024
+#define PDN_MAX_HEADS 1024
+#define PDN_MAX_HEAD_DIM 1024
+#define PDN_MAX_EXPAND_V 8
+#define PDN_MAX_MLP (1 << 20)
+
 // Fill derived fields and check that the configuration describes a model we can build.
 // Returns NULL if fine, else a static message saying what to change.
 static const char* pdn_config_check(PdnConfig* c) {
     static char msg[256];
+    struct { const char* flag; int v, lo, hi; } dims[] = {
+        {"--d-model", c->d_model, 1, PDN_MAX_D_MODEL}, {"--n-layer", c->n_layer, 1, PDN_MAX_LAYERS},
+        {"--n-head", c->n_head, 1, PDN_MAX_HEADS}, {"--head-dim", c->head_k, 1, PDN_MAX_HEAD_DIM},
+        {"--expand-v", c->expand_v, 1, PDN_MAX_EXPAND_V}, {"--mlp-hidden", c->mlp_hidden, 0, PDN_MAX_MLP},   // 0: from d
+    };
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++) {
+        if (dims[i].v < dims[i].lo || dims[i].v > dims[i].hi) {
+            snprintf(msg, sizeof msg, "%s must be in %d..%d (got %d)", dims[i].flag, dims[i].lo, dims[i].hi, dims[i].v);
+            return msg;
+        }
+    }
     if (c->mlp_hidden == 0) { c->mlp_hidden = pdn_default_mlp_hidden(c->d_model); }
-    if (c->vocab_size < 2) { snprintf(msg, sizeof msg, "--vocab must be at least 2 (got %d)", c->vocab_size); return msg; }
-    if (c->d_model < 1 || c->n_layer < 1 || c->n_head < 1 || c->head_k < 1 || c->expand_v < 1 || c->mlp_hidden < 1) {
-        snprintf(msg, sizeof msg, "--d-model, --n-layer, --n-head, --head-dim, --expand-v and --mlp-hidden must be positive");
+    if (c->vocab_size < 2 || c->vocab_size > PDN_MAX_VOCAB) {
+        snprintf(msg, sizeof msg, "--vocab must be in 2..%d (got %d)", PDN_MAX_VOCAB, c->vocab_size);
         return msg;
     }
     if (c->conv_size < 1 || c->conv_size > 16) { snprintf(msg, sizeof msg, "--conv-size must be in 1..16"); return msg; }
@@ -333,9 +355,9 @@ static void pdn_build_layout(const PdnConfig* c, PdnLayout* lay) {
         t->per_layer = flags[i][0]; t->wd = flags[i][1]; t->init = flags[i][2];
         int rows, cols;
         pdn_tensor_shape(c, i, &rows, &cols);
-        t->layer_numel = (size_t)rows * (cols ? cols : 1);
+        t->layer_numel = mulCheck((size_t)rows, (size_t)(cols ? cols : 1), names[i]);
         size_t nl = t->per_layer ? (size_t)c->n_layer : 1;
-        t->numel = rows ? nl * t->layer_numel : 0;
+        t->numel = rows ? mulCheck(nl, t->layer_numel, names[i]) : 0;
         t->ndim = 0;
         if (t->per_layer) { t->shape[t->ndim++] = c->n_layer; }
         t->shape[t->ndim++] = rows;
@@ -352,7 +374,7 @@ static void pdn_build_layout(const PdnConfig* c, PdnLayout* lay) {
 #define PDN_PARAM(buf, lay, id, l) ((buf) + (lay)->t[id].offset + (size_t)(l) * (lay)->t[id].layer_numel)
 
 // ----------------------------------------------------------------------------------------------------
-// initialisation (SPEC §6). Each tensor draws from its own stream seeded by (seed, tensor index), so a
+// initialisation (MODEL.md §6). Each tensor draws from its own stream seeded by (seed, tensor index), so a
 // tensor's initial values do not depend on which other tensors the variant has.
 
 static void pdn_init_params(const PdnConfig* c, const PdnLayout* lay, real* params, uint64_t seed) {

@@ -261,35 +261,6 @@ static int unicode_class(uint32_t cp) {
     return UCLASS_OTHER;
 }
 
-// decode the code point at s[i] (i < n); *len gets its byte length. Returns -1 for a byte that does not start a
-// valid shortest-form sequence (then *len = 1: the byte stands alone).
-static int32_t utf8_decode(const uint8_t* s, size_t n, size_t i, size_t* len) {
-    uint8_t b0 = s[i];
-    *len = 1;
-    if (b0 < 0x80) { return b0; }
-    size_t need;
-    uint32_t cp, lo2 = 0x80, hi2 = 0xBF;   // allowed range of the second byte (rules out overlong/surrogates)
-    if (b0 >= 0xC2 && b0 <= 0xDF) { need = 1; cp = b0 & 0x1F; }
-    else if (b0 >= 0xE0 && b0 <= 0xEF) {
-        need = 2; cp = b0 & 0x0F;
-        if (b0 == 0xE0) { lo2 = 0xA0; }
-        if (b0 == 0xED) { hi2 = 0x9F; }
-    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-        need = 3; cp = b0 & 0x07;
-        if (b0 == 0xF0) { lo2 = 0x90; }
-        if (b0 == 0xF4) { hi2 = 0x8F; }
-    } else { return -1; }
-    if (i + need >= n) { return -1; }   // truncated at the end of the text
-    for (size_t k = 1; k <= need; k++) {
-        uint8_t b = s[i + k];
-        uint32_t lo = k == 1 ? lo2 : 0x80, hi = k == 1 ? hi2 : 0xBF;
-        if (b < lo || b > hi) { return -1; }
-        cp = (cp << 6) | (b & 0x3F);
-    }
-    *len = need + 1;
-    return (int32_t)cp;
-}
-
 // class of the "code point" at s[i]; an invalid byte is its own code point of class other
 static int char_class_at(const uint8_t* s, size_t n, size_t i, size_t* len) {
     if (s[i] < 0x80) { *len = 1; return ascii_class[s[i]]; }
@@ -902,6 +873,7 @@ static void tokenizer_load_gpt2(Tokenizer* t, const char* encoder_json, const ch
         if (bytesmap_find(&ids, s, len, h) < 0) { bytesmap_add(&ids, s, len, h, (uint32_t)i, 0); }
     }
     text = slurp_file(vocab_bpe, &n);
+    if (n == 0) { fail(EXIT_BADFILE, "%s is empty (a vocab.bpe holds a #version line, then one merge per line)", vocab_bpe); }
     size_t mcap = 1024;
     int* left = (int*)mallocCheck(mcap * sizeof(int));
     int* right = (int*)mallocCheck(mcap * sizeof(int));
@@ -949,6 +921,20 @@ static void tokenizer_load_gpt2(Tokenizer* t, const char* encoder_json, const ch
     char what[4200];
     snprintf(what, sizeof what, "%s + %s", encoder_json, vocab_bpe);
     tokenizer_build(t, &p, what);
+    // every token of more than one byte must be what some merge makes: otherwise vocab.bpe is cut short or belongs
+    // to another vocabulary, and encoding would silently never produce those tokens (with no merges at all, a
+    // byte-level tokenizer)
+    uint8_t* made = (uint8_t*)callocCheck((size_t)t->vocab_size, 1);
+    for (int r = 0; r < t->n_merges; r++) { made[t->merge_result[r]] = 1; }
+    int unmade = 0, first = -1;
+    for (int i = 0; i < t->vocab_size; i++) {
+        if (!t->is_special[i] && t->tok_off[i + 1] - t->tok_off[i] > 1 && !made[i]) { unmade++; first = first < 0 ? i : first; }
+    }
+    free(made);
+    if (unmade) {
+        fail(EXIT_BADFILE, "%s: %d tokens of %s (the first: id %d) are made by none of its %d merges: vocab.bpe is cut "
+             "short or belongs to another vocabulary", vocab_bpe, unmade, encoder_json, first, t->n_merges);
+    }
     bytesmap_free(&ids);
     bytebuf_free(&key); bytebuf_free(&raw); bytebuf_free(&all); bytebuf_free(&bytes);
     free(koff); free(kid); free(off); free(where); free(left); free(right);

@@ -40,7 +40,7 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
     X(F, adam_eps,      NULL, "--adam-eps",     "1e-8", "AdamW epsilon") \
     X(F, grad_clip,     NULL, "--grad-clip",    "1.0",  "clip the global gradient norm to this (0: off)") \
     X(L, seed,          NULL, "--seed",         "1337", "seed for init, data and sampling") \
-    X(S, mixer,         NULL, "--mixer",        "chunk","mixer form: chunk (SPEC §4) | token (SPEC §3)") \
+    X(S, mixer,         NULL, "--mixer",        "chunk","mixer form: chunk (MODEL.md §4) | token (MODEL.md §3)") \
     X(I, chunk,         NULL, "--chunk",        "64",   "chunk size of the chunkwise mixer") \
     X(I, recompute,     NULL, "--recompute",    "0",    "GPU trainer: 1 runs each layer's forward again in the backward (~1/3 more compute, one layer's activations)") \
     X(I, val_every,     "-v", "--val-every",    "250",  "evaluate held-out loss/accuracy every N steps (0: only at the end)") \
@@ -75,6 +75,8 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
 typedef struct {
     TRAIN_FIELDS(TRAIN_DECLARE)
     char preset[64];
+    int preset_given, variant_given;   // --preset / --variant on the command line
+    uint32_t model_flags_given;        // bit k: PDN_FIELDS[k]'s flag on the command line
     int count_params;   // --count-params: print the parameter count and exit
     int grad_accum;     // derived: total_batch / (B*T)
     int chunk_form;     // derived: 1 = chunkwise mixer, 0 = per-token
@@ -95,8 +97,9 @@ static int train_field_set(TrainConfig* tc, const TrainField* f, const char* val
         *(float*)p = v;
         return 0;
     }
+    errno = 0;
     long long v = strtoll(val, &end, 10);
-    if (end == val || *end) { return -1; }
+    if (end == val || *end || errno == ERANGE) { return -1; }   // ERANGE: strtoll clamped it
     if (f->type == 'I') {
         if (v < -1000000000LL || v > 1000000000LL) { return -1; }
         *(int*)p = (int)v;
@@ -112,7 +115,7 @@ static void train_defaults(TrainConfig* tc) {
     strcpy(tc->preset, "pgdn-tiny");
 }
 
-// The paper's training recipe (SPEC §7), applied with the paper-size presets (340m, 1b); flags still win.
+// The paper's training recipe (MODEL.md §7), applied with the paper-size presets (340m, 1b); flags still win.
 static void train_apply_paper_recipe(TrainConfig* tc) {
     tc->T = 2048; tc->total_batch = 524288; tc->steps = 30000; tc->lr = 4e-4f; tc->warmup = 1024;
     tc->final_lr_frac = 0.1f; tc->weight_decay = 0.01f; tc->beta1 = 0.9f; tc->beta2 = 0.95f; tc->adam_eps = 1e-8f;
@@ -149,8 +152,9 @@ static void parse_args(int argc, char** argv, PdnConfig* mc, TrainConfig* tc) {
         if (strcmp(argv[i], "--preset") == 0) {
             if (strlen(argv[i + 1]) >= sizeof(tc->preset)) { fail(EXIT_USAGE, "preset name too long"); }
             strcpy(tc->preset, argv[i + 1]);
+            tc->preset_given = 1;
         }
-        if (strcmp(argv[i], "--variant") == 0) { variant = argv[i + 1]; }
+        if (strcmp(argv[i], "--variant") == 0) { variant = argv[i + 1]; tc->variant_given = 1; }
         i++;
     }
     PdnConfig probe = *mc;
@@ -176,6 +180,7 @@ static void parse_args(int argc, char** argv, PdnConfig* mc, TrainConfig* tc) {
             if (pdn_field_set(mc, &PDN_FIELDS[k], val) != 0) {
                 fail(EXIT_USAGE, "bad value '%s' for %s (%s)", val, a, PDN_FIELDS[k].help);
             }
+            tc->model_flags_given |= 1u << k;
             done = 1;
         }
         for (int k = 0; k < TRAIN_NUM_FIELDS && !done; k++) {
@@ -184,20 +189,34 @@ static void parse_args(int argc, char** argv, PdnConfig* mc, TrainConfig* tc) {
             if (train_field_set(tc, f, val) != 0) { fail(EXIT_USAGE, "bad value '%s' for %s (%s)", val, a, f->help); }
             done = 1;
         }
-        if (strcmp(a, "--mqar-len") == 0) { // alias: the MQAR example length is the sequence length
-            if (sscanf(val, "%d", &tc->T) != 1) { fail(EXIT_USAGE, "bad value '%s' for %s", val, a); }
+        if (strcmp(a, "--mqar-len") == 0) { // alias: the MQAR example length is the sequence length (-t), as strict
+            const TrainField* t = NULL;
+            for (int k = 0; k < TRAIN_NUM_FIELDS; k++) { if (strcmp(TRAIN_FIELDS_TABLE[k].name, "T") == 0) { t = &TRAIN_FIELDS_TABLE[k]; } }
+            if (train_field_set(tc, t, val) != 0) { fail(EXIT_USAGE, "bad value '%s' for %s (%s)", val, a, t->help); }
             done = 1;
         }
         if (!done) { fail(EXIT_USAGE, "unknown flag '%s' (see --help)", a); }
     }
 }
 
+// bounds of the batch: a micro-batch's activations (B*T tokens times the model's widths, pdn.h's bounds) must fit in
+// 64 bits, and a step's micro-batches in an int
+#define PDN_MAX_TOKENS (1 << 24)
+#define PDN_MAX_STEP_TOKENS (1L << 30)
+
 // Check the training settings that do not depend on the model; derive grad_accum and the mixer form.
 // nproc: number of data-parallel processes (1 on the CPU).
 static void train_config_check(TrainConfig* tc, int nproc) {
     if (tc->B < 1) { fail(EXIT_USAGE, "-b (micro-batch) must be >= 1, got %d", tc->B); }
     if (tc->T < 1) { fail(EXIT_USAGE, "-t (sequence length) must be >= 1, got %d", tc->T); }
+    if ((long)tc->B * tc->T > PDN_MAX_TOKENS) {
+        fail(EXIT_USAGE, "-b %d x -t %d = %ld tokens per micro-batch, more than %d\n  hint: use gradient accumulation (-d, "
+             "tokens per step) for larger steps", tc->B, tc->T, (long)tc->B * tc->T, PDN_MAX_TOKENS);
+    }
     long tok_per_micro = (long)tc->B * tc->T * nproc;
+    if (tc->total_batch > PDN_MAX_STEP_TOKENS) {
+        fail(EXIT_USAGE, "-d %ld (tokens per step) is more than %ld", tc->total_batch, PDN_MAX_STEP_TOKENS);
+    }
     if (tc->total_batch == 0) { tc->total_batch = tok_per_micro; }
     if (tc->total_batch < 0 || tc->total_batch % tok_per_micro != 0) {
         long lo = (tc->total_batch / tok_per_micro) * tok_per_micro;
@@ -218,6 +237,12 @@ static void train_config_check(TrainConfig* tc, int nproc) {
     else { fail(EXIT_USAGE, "--mixer must be chunk or token, got '%s'", tc->mixer); }
     if (tc->chunk < 1 || tc->chunk > 1024) { fail(EXIT_USAGE, "--chunk must be in 1..1024"); }
     if (tc->recompute != 0 && tc->recompute != 1) { fail(EXIT_USAGE, "--recompute must be 0 or 1"); }
+    if (tc->threads < 0 || tc->threads > 1024) { fail(EXIT_USAGE, "--threads must be in 0..1024 (0: all cores), got %d", tc->threads); }
+    if (tc->warmup > tc->steps && tc->steps > 0 && !tc->generate && !tc->count_params && !tc->debug_state[0]) {
+        fprintf(stderr, "warning: -u %d (warm-up steps) is longer than the run (-x %d): the learning rate rises to %.3g at the "
+                "last step and never reaches -l %g; the cosine decay does not start\n", tc->warmup, tc->steps,
+                tc->lr * (float)tc->steps / (float)tc->warmup, tc->lr);
+    }
     if (tc->val_every < 0 || tc->val_batches < -1 || tc->ckpt_every < 0 || tc->gen_tokens < 0 || tc->generate < 0 ||
         tc->sample_every < 0) {
         fail(EXIT_USAGE, "-v, -m, -n, -g, -s and --generate must be >= 0 (-m -1: the whole validation split)");
@@ -364,11 +389,21 @@ static void state_read(const char* path, TrainState* s, void* m, void* v, size_t
              header_get_ll(&h, "num_elems", path), num_elems);
     }
     memset(s, 0, sizeof(*s));
-    s->step = (long)header_get_ll(&h, "step", path);
-    s->B = (int)header_get_ll(&h, "batch", path);
-    s->T = (int)header_get_ll(&h, "seq_len", path);
-    s->grad_accum = (int)header_get_ll(&h, "grad_accum", path);
-    s->nproc = (int)header_get_ll(&h, "nproc", path);
+    // every count is range-checked before its cast (a tampered header must not wrap around to a plausible value)
+    const char* keys[5] = {"step", "batch", "seq_len", "grad_accum", "nproc"};
+    const long long lo[5] = {0, 1, 1, 1, 1};
+    long long val5[5];
+    for (int i = 0; i < 5; i++) {
+        val5[i] = header_get_ll(&h, keys[i], path);
+        if (val5[i] < lo[i] || val5[i] > INT_MAX) {
+            fail(EXIT_BADFILE, "%s: %s %lld is out of range (corrupted header?)", path, keys[i], val5[i]);
+        }
+    }
+    s->step = (long)val5[0];
+    s->B = (int)val5[1];
+    s->T = (int)val5[2];
+    s->grad_accum = (int)val5[3];
+    s->nproc = (int)val5[4];
     char val[512];
     if (!header_get(&h, "model_crc", val, sizeof val)) { fail(EXIT_BADFILE, "%s: no model_crc line", path); }
     s->model_crc = (uint32_t)strtoul(val, NULL, 16);
@@ -472,6 +507,11 @@ __attribute__((unused)) static void debug_state_read(const char* path, DebugStat
     headed_read_data(f, path, &h, dsts, nb, 4);
     fclose(f);
     free(h.text);
+}
+
+__attribute__((unused)) static void debug_state_free(DebugState* d) {
+    free(d->x); free(d->y); free(d->logits); free(d->grads);
+    memset(d, 0, sizeof(*d));
 }
 
 // Compare a debug state `got` against a reference `ref` (same config, batch and tokens). For the loss, the
@@ -597,20 +637,55 @@ static int sample_logits(const float* logits, int Vv, float temperature, int top
     return pick;
 }
 
-// parse "1 2 3" or "1,2,3" into token ids
-static int parse_prompt(const char* s, int* out, int max) {
+// parse "1 2 3" or "1,2,3" into token ids, each checked against the vocabulary as written (before any cast, so
+// 4294967299 is refused rather than read as 3)
+static int parse_prompt(const char* s, int* out, int max, int vocab_size) {
     int n = 0;
     while (*s) {
         while (*s == ' ' || *s == ',') { s++; }
         if (!*s) { break; }
         char* end;
-        long v = strtol(s, &end, 10);
+        errno = 0;
+        long long v = strtoll(s, &end, 10);
         if (end == s) { fail(EXIT_USAGE, "--prompt must be token ids separated by spaces or commas, got '%s'", s); }
+        if (errno == ERANGE || v < 0 || v >= vocab_size) {
+            fail(EXIT_USAGE, "--prompt token %.*s is outside the model's vocabulary [0, %d)", (int)(end - s), s, vocab_size);
+        }
         if (n >= max) { fail(EXIT_USAGE, "--prompt has more than %d tokens", max); }
         out[n++] = (int)v;
         s = end;
     }
     return n;
+}
+
+// With -y 1 or -e the checkpoint's model config is used: model flags asking for another model (a field given by its
+// flag, or set by an explicit --preset or --variant) are refused rather than silently ignored. flags: the config the
+// command line describes; ck: the checkpoint's.
+static void check_model_flags(const TrainConfig* tc, const PdnConfig* flags, const PdnConfig* ck, const char* path) {
+    static const char* const by_variant[] = {"decay", "precond", "out_gate"};
+    char diff[1024] = "", a[64], b[64];
+    PdnConfig f = *flags;
+    if (f.mlp_hidden == 0) { f.mlp_hidden = pdn_default_mlp_hidden(f.d_model); }   // as pdn_config_check fills it
+    for (int k = 0; k < PDN_NUM_FIELDS; k++) {
+        const PdnField* fd = &PDN_FIELDS[k];
+        int set = (tc->model_flags_given >> k) & 1;
+        if (tc->preset_given && strcmp(fd->name, "ridge") != 0) { set = 1; }   // a preset sets every knob but the ridge
+        for (int v = 0; v < 3; v++) { if (tc->variant_given && strcmp(fd->name, by_variant[v]) == 0) { set = 1; } }
+        if (strcmp(fd->name, "vocab_size") == 0 && f.vocab_size == 0) { set = 0; }   // 0: from the data
+        if (!set) { continue; }
+        pdn_field_str(&f, fd, a, sizeof a);
+        pdn_field_str(ck, fd, b, sizeof b);
+        if (strcmp(a, b) != 0 && strlen(diff) + 200 < sizeof diff) {
+            size_t l = strlen(diff);
+            snprintf(diff + l, sizeof diff - l, "%s%s %s (the flags ask for %s)", l ? ", " : "", fd->name, b, a);
+        }
+    }
+    if (diff[0]) {
+        fail(EXIT_USAGE, "%s holds another model than the flags%s%s%s describe: %s\n  hint: leave out the model flags (with "
+             "%s the checkpoint's config is used)%s", path, tc->preset_given ? " (--preset " : "",
+             tc->preset_given ? tc->preset : "", tc->preset_given ? ")" : "", diff, tc->resume ? "-y 1" : "-e",
+             tc->resume ? "; to train the new model, use another -o" : "");
+    }
 }
 
 // Where the model comes from: -y 1 with a checkpoint in -o (then *resume_state names its state file), or -e FILE,
@@ -625,11 +700,18 @@ static int load_model_source(const TrainConfig* tc, PdnConfig* mc, real** loaded
         if (latest < 0) { printf("no checkpoint in %s: starting from scratch\n", tc->out_dir); return 0; }
         char mp[1100];
         ckpt_paths(tc->out_dir, latest, mp, resume_state, n);
+        PdnConfig flags = *mc;
         pdn_checkpoint_read(mp, mc, &lay, loaded, crc);
+        check_model_flags(tc, &flags, mc, mp);
         printf("resuming from %s\n", mp);
         return 1;
     }
-    if (tc->init_ckpt[0]) { pdn_checkpoint_read(tc->init_ckpt, mc, &lay, loaded, crc); return 1; }
+    if (tc->init_ckpt[0]) {
+        PdnConfig flags = *mc;
+        pdn_checkpoint_read(tc->init_ckpt, mc, &lay, loaded, crc);
+        check_model_flags(tc, &flags, mc, tc->init_ckpt);
+        return 1;
+    }
     return 0;
 }
 
@@ -700,19 +782,23 @@ typedef struct {
     int has_val;
     long val_batches;         // held-out batches per evaluation (0: no evaluation data)
     const char* vocab_from;   // text: where the model's vocabulary came from (printed by data_describe)
+    char vocab_note[1200];    //   (when from the shards: which id of which shard)
 } DataSource;
 
-// the largest token id in a loader's shards (all of their tokens, read in 1M-token parts)
-static uint32_t data_max_token(const DataLoader* dl) {
+// the largest token id in a loader's shards (all of their tokens, read in 1M-token parts), and where it first occurs
+typedef struct { uint32_t id; int shard; uint64_t pos; } MaxToken;
+static MaxToken data_max_token(const DataLoader* dl) {
     const size_t part = 1 << 20;
     uint32_t* buf = (uint32_t*)mallocCheck(part * sizeof(uint32_t));
-    uint32_t mx = 0;
+    MaxToken mx = {0, 0, 0};
     for (int s = 0; s < dl->n_shards; s++) {
         int fd = shard_open_fd(dl->paths[s]);
         for (uint64_t at = 0; at < dl->info[s].count; at += part) {
             size_t n = dl->info[s].count - at < part ? (size_t)(dl->info[s].count - at) : part;
             shard_read_tokens(fd, dl->paths[s], &dl->info[s], at, n, buf);
-            for (size_t i = 0; i < n; i++) { mx = buf[i] > mx ? buf[i] : mx; }
+            for (size_t i = 0; i < n; i++) {
+                if (buf[i] > mx.id) { mx.id = buf[i]; mx.shard = s; mx.pos = at + i; }
+            }
         }
         close(fd);
     }
@@ -753,11 +839,20 @@ static void data_init(DataSource* ds, const TrainConfig* tc, int tok_vocab, int*
         *vocab_size = tok_vocab;
         ds->vocab_from = "the tokenizer's";
     } else if (*vocab_size == 0) {
-        uint32_t mx = data_max_token(&ds->train);
-        if (ds->has_val) { uint32_t mv = data_max_token(&ds->val); mx = mv > mx ? mv : mx; }
-        if (mx >= INT_MAX) { fail(EXIT_BADFILE, "'%s': token id %u is too large for a vocabulary", tc->train, mx); }
-        *vocab_size = (int)mx + 1;
-        ds->vocab_from = "the largest token id in the shards + 1";
+        MaxToken mx = data_max_token(&ds->train), mv = {0, 0, 0};
+        const DataLoader* at = &ds->train;
+        if (ds->has_val) { mv = data_max_token(&ds->val); }
+        if (mv.id > mx.id) { mx = mv; at = &ds->val; }
+        if (mx.id >= PDN_MAX_VOCAB) {   // one stray id would otherwise size the model (and fail as out of memory)
+            fail(EXIT_BADFILE, "%s: token id %u at position %llu is larger than any vocabulary (at most %d ids): a "
+                 "corrupted shard, or one made with another tokenizer?\n  hint: set --vocab (then every id at or above it "
+                 "is refused with its position), or --tokenizer", at->paths[mx.shard], mx.id, (unsigned long long)mx.pos,
+                 PDN_MAX_VOCAB);
+        }
+        *vocab_size = (int)mx.id + 1;
+        snprintf(ds->vocab_note, sizeof ds->vocab_note, "the largest token id in the shards + 1: id %u at position %llu of %s",
+                 mx.id, (unsigned long long)mx.pos, at->paths[mx.shard]);
+        ds->vocab_from = ds->vocab_note;
     }
     ds->train.vocab_size = *vocab_size;
     if (ds->has_val) { ds->val.vocab_size = *vocab_size; }
@@ -883,7 +978,7 @@ static int prompt_tokens(const TrainConfig* tc, Tokenizer* tok, int vocab_size, 
         n = (int)tb.n;
         tokbuf_free(&tb);
     } else {
-        n = parse_prompt(tc->prompt, out, max);
+        n = parse_prompt(tc->prompt, out, max, vocab_size);
     }
     if (n == 0) { fail(EXIT_USAGE, "--generate needs a --prompt: token ids, or text with --tokenizer"); }
     for (int i = 0; i < n; i++) {
@@ -892,21 +987,6 @@ static int prompt_tokens(const TrainConfig* tc, Tokenizer* tok, int vocab_size, 
         }
     }
     return n;
-}
-
-// Text to a terminal or log, with every byte that could act on the terminal escaped: control characters other
-// than newline and tab, DEL and the C1 controls (U+0080..U+009F) as \xNN of their bytes, bytes that are not valid
-// UTF-8 (a sample can end inside a character, or a model can emit any byte) as \xNN, and the backslash as \\ so
-// that the escapes are unambiguous. Everything else, valid UTF-8 included, is printed as it is.
-static void print_text_escaped(FILE* f, const uint8_t* s, size_t n) {
-    for (size_t i = 0; i < n;) {
-        size_t len;
-        int32_t cp = utf8_decode(s, n, i, &len);
-        if (cp == '\\') { fputs("\\\\", f); }
-        else if (cp == '\n' || cp == '\t' || (cp >= 0x20 && cp != 0x7F && (cp < 0x80 || cp >= 0xA0))) { fwrite(s + i, 1, len, f); }
-        else { for (size_t k = 0; k < len; k++) { fprintf(f, "\\x%02x", s[i + k]); } }
-        i += len;
-    }
 }
 
 // tokens as (escaped) text with a tokenizer, else as ids; then a newline
@@ -929,7 +1009,8 @@ static void print_tokens(FILE* f, const Tokenizer* tok, const int* ids, int n) {
 // fills a vocabulary the preset left at 0), then the config check. Returns the tokenizer or NULL.
 static Tokenizer* run_setup(TrainConfig* tc, PdnConfig* mc, real** loaded, uint32_t* crc, char* resume_state, size_t n,
                             Tokenizer* tok_mem, DataSource* ds, int rank, int world) {
-    load_model_source(tc, mc, loaded, crc, resume_state, n);
+    // the box's "preset" line says where the model came from when a checkpoint gave it (and no --preset agreed with it)
+    if (load_model_source(tc, mc, loaded, crc, resume_state, n) && !tc->preset_given) { strcpy(tc->preset, "the checkpoint's"); }
     Tokenizer* tok = load_tokenizer_flag(tc, tok_mem);
     memset(ds, 0, sizeof(*ds));
     if (!tc->generate) { data_init(ds, tc, tok ? tok->vocab_size : 0, &mc->vocab_size, rank, world); }
@@ -1042,6 +1123,12 @@ static long resume_state_read(const char* path, const TrainConfig* tc, int nproc
         fail(EXIT_USAGE, "resume needs the same batch settings: the checkpoint used -b %d -t %d with %d accumulation "
              "steps on %d process(es); now -b %d -t %d, %d steps on %d\n  hint: keep -b, -t and -d (tokens per step); the "
              "number of processes may change", st.B, st.T, st.grad_accum, st.nproc, tc->B, tc->T, tc->grad_accum, nproc);
+    }
+    // -x counts every step from the start: below the checkpoint's step there is nothing to train
+    if (st.step > tc->steps) {
+        fail(EXIT_USAGE, "-x %d (total steps, counted from the start) is below the step this run resumes from: %s is at "
+             "step %ld\n  hint: -x %ld or more continues it; to train a new model, use another -o", tc->steps, path, st.step,
+             st.step + 1);
     }
     data_restore(ds, &st, path);
     return st.step;

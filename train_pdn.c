@@ -1,12 +1,12 @@
 /*
 train_pdn.c: the CPU reference of pdn.c. It defines the Preconditioned DeltaNet model family (DN, PDN, GDN,
 PGDN, KDA, PKDA) and how it is trained, in fp32 C with OpenMP. The CUDA trainer (train_pdn.cu) mirrors it and
-is tested against it. The contract is ../shared/SPEC.md; section numbers below refer to it.
+is tested against it. The model is defined in MODEL.md; section numbers below refer to it.
 
 Read it top to bottom:
   1. layers: one forward/backward pair per op (backward functions always ACCUMULATE into their outputs)
-  2. the mixer: preconditioners (diagonal SPEC §3.6, exact SPEC §5), then the delta rule in its two forms,
-     per token (SPEC §3, the definition) and chunkwise (SPEC §4, the fast algorithm), forward and backward
+  2. the mixer: preconditioners (diagonal MODEL.md §3.6, exact MODEL.md §5), then the delta rule in its two forms,
+     per token (MODEL.md §3, the definition) and chunkwise (MODEL.md §4, the fast algorithm), forward and backward
   3. the model: parameters (layout from pdn.h), activations, forward, backward, AdamW
   4. recurrent inference and sampling
   5. training: the calls train_common.h's run makes on this model (a step, an evaluation batch, generation,
@@ -28,7 +28,7 @@ seed gives bit-identical losses whatever the number of threads.
 #include "train_common.h"
 
 #define R(x) ((real)(x))
-#define L2NORM_EPS 1e-6   // SPEC §3.3, fixed
+#define L2NORM_EPS 1e-6   // MODEL.md §3.3, fixed
 static inline int imin(int a, int b) { return a < b ? a : b; }
 static inline real sigmoidr(real x) { return R(1) / (R(1) + exp(-x)); }
 static inline real softplus(real x) { return x > R(20) ? x : log1p(exp(x)); }
@@ -182,7 +182,7 @@ static void encoder_backward(real* dwte, const real* dout, const int* tokens, si
     }
 }
 
-// Depthwise causal convolution then SiLU (SPEC §3.2). z, pre, out: (B, T, Ch); w: (Ch, cs).
+// Depthwise causal convolution then SiLU (MODEL.md §3.2). z, pre, out: (B, T, Ch); w: (Ch, cs).
 // pre[t] = Σ_i w[i] z[t-cs+1+i]; positions before the sequence come from hist (B, cs-1, Ch; oldest first) or are 0.
 static void conv_silu_forward(real* pre, real* out, const real* z, const real* w, const real* hist,
                               int B, int T, int Ch, int cs) {
@@ -244,7 +244,7 @@ static void conv_silu_backward(real* dz, real* dw, const real* dout, const real*
     free(dpre);
 }
 
-// L2 normalisation of rows of length K (SPEC §3.3): out = scale * x / sqrt(Σx² + 1e-6); rstd per row
+// L2 normalisation of rows of length K (MODEL.md §3.3): out = scale * x / sqrt(Σx² + 1e-6); rstd per row
 static void l2norm_forward(real* out, real* rstd, const real* inp, size_t rows, int K, real scale) {
     #pragma omp parallel for
     for (size_t r = 0; r < rows; r++) {
@@ -268,7 +268,7 @@ static void l2norm_backward(real* dinp, const real* dout, const real* out, const
     }
 }
 
-// sigmoid gate (SPEC §3.4): out = bmax * sigmoid(pre), bmax = 2 with allow_neg_eigval
+// sigmoid gate (MODEL.md §3.4): out = bmax * sigmoid(pre), bmax = 2 with allow_neg_eigval
 static void sigmoid_gate_forward(real* out, const real* pre, size_t n, real bmax) {
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) { out[i] = bmax * sigmoidr(pre[i]); }
@@ -282,7 +282,7 @@ static void sigmoid_gate_backward(real* dpre, const real* dout, const real* out,
     }
 }
 
-// log-space decay gate (SPEC §3.5, §3.6): g[n,h,j] = -exp(A_log[h]) * softplus(pre[n,h,j] + dt_bias[h*gk+j])
+// log-space decay gate (MODEL.md §3.5, §3.6): g[n,h,j] = -exp(A_log[h]) * softplus(pre[n,h,j] + dt_bias[h*gk+j])
 // pre, g: (N, H, gk)
 static void decay_gate_forward(real* g, const real* pre, const real* a_log, const real* dt_bias, size_t N, int H, int gk) {
     #pragma omp parallel for
@@ -325,7 +325,7 @@ static void decay_gate_backward(real* dpre, real* da_log, real* ddt_bias, const 
     }
 }
 
-// out = x ⊙ sigmoid(z) (the KDA output gate, SPEC §3.8)
+// out = x ⊙ sigmoid(z) (the KDA output gate, MODEL.md §3.8)
 static void sigmoid_mul_forward(real* out, const real* x, const real* z, size_t n) {
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) { out[i] = x[i] * sigmoidr(z[i]); }
@@ -340,7 +340,7 @@ static void sigmoid_mul_backward(real* dx, real* dz, const real* dout, const rea
     }
 }
 
-// SwiGLU (SPEC §2): out = silu(gate) ⊙ up
+// SwiGLU (MODEL.md §2): out = silu(gate) ⊙ up
 static void swiglu_forward(real* out, const real* gate, const real* up, size_t n) {
     #pragma omp parallel for
     for (size_t i = 0; i < n; i++) { out[i] = gate[i] * sigmoidr(gate[i]) * up[i]; }
@@ -404,7 +404,7 @@ static void crossentropy_backward(real* probs, const int* targets, size_t N, int
 
 static inline size_t bth(int b, int t, int h, int T, int H) { return ((size_t)b * T + t) * H + h; }
 
-// 2a. diagonal preconditioner (SPEC §3.6): a_t = exp(gP_t) a_{t-1} + betaP_t k̂_t² (updated before use),
+// 2a. diagonal preconditioner (MODEL.md §3.6): a_t = exp(gP_t) a_{t-1} + betaP_t k̂_t² (updated before use),
 // r = log(a_t + eps) - c, s = r / (1 + |r|), b = exp(-ln(x) s), k̃ = b ⊙ k̂. gp, betap: (B,T,H); astat (B,T,H,K) keeps
 // a_t for the backward. a0 (B,H,K) or NULL for zeros; a_final (B,H,K) or NULL (may equal a0).
 static void precond_diag_forward(real* kt, real* astat, const real* k, const real* gp, const real* betap,
@@ -478,7 +478,7 @@ static void precond_diag_backward(real* dk, real* dgp, real* dbetap, real* dlog_
     free(dc);
 }
 
-// 2b. exact preconditioner (SPEC §5, ATK by Sherman-Morrison): P_0 = I/lambda (or P0), for every token
+// 2b. exact preconditioner (MODEL.md §5, ATK by Sherman-Morrison): P_0 = I/lambda (or P0), for every token
 // w = P k̂, k̃ = w / (1 + k̂·w), P ← P - k̃ wᵀ. pstate (B,H,NC+1,K,K) keeps P at chunk starts for the backward.
 // w = P k, k̃ = w / (1 + k·w); returns the denominator
 static real precond_exact_key(const real* P, const real* k, real* w, real* kt, int K) {
@@ -575,7 +575,7 @@ static void precond_exact_backward(real* dk, const real* dkt, const real* k, con
     }
 }
 
-// 2c. the delta rule, one token at a time (SPEC §3.7), for one (b, h):
+// 2c. the delta rule, one token at a time (MODEL.md §3.7), for one (b, h):
 //   S̄ = exp(g_t) S (per row for channel decay);  u = beta (v - S̄ᵀ k̂);  S = S̄ + k̃ uᵀ;  o = Sᵀ q̂
 static inline void decay_state(real* S, const real* g, int gk, int K, int V) {
     if (gk == 0) { return; }
@@ -683,12 +683,12 @@ static void delta_token_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
     }
 }
 
-// 2d. the delta rule, a chunk at a time (SPEC §4). Inside a chunk of n tokens with start state S (K, V),
+// 2d. the delta rule, a chunk at a time (MODEL.md §4). Inside a chunk of n tokens with start state S (K, V),
 // G_i = inclusive cumsum of g (per channel for channel decay), E_ij = exp(G_i - G_j) for j <= i (never
 // exp(G_i) * exp(-G_j): that overflows):
 //   A_ij   = beta_i Σ_c k̂_i k̃_j E_ij                  (j < i)
 //   RHS_i  = beta_i (v_i - (k̂_i ⊙ e^G_i)ᵀ S)
-//   V'     = (I + A)^-1 RHS                            (forward substitution; V' = U - W S of SPEC §4)
+//   V'     = (I + A)^-1 RHS                            (forward substitution; V' = U - W S of MODEL.md §4)
 //   O_i    = (q̂_i ⊙ e^G_i)ᵀ S + Σ_{j<=i} (Σ_c q̂_i k̃_j E_ij) V'_j
 //   S_new  = e^G_n ⊙ S + Σ_j (k̃_j ⊙ exp(G_n - G_j)) V'_jᵀ
 // Only the two interaction matrices K̂K̃ᵀ and Q̂K̃ᵀ appear, the reason the two-key rule keeps the speed of the
@@ -1066,7 +1066,7 @@ typedef struct {
     real* m;          // AdamW first moment, allocated on first update (or by resume)
     real* v;          // AdamW second moment
     int C;            // chunk size of the mixer
-    int chunk_form;   // 1: chunkwise mixer (SPEC §4), 0: per token (SPEC §3)
+    int chunk_form;   // 1: chunkwise mixer (MODEL.md §4), 0: per token (MODEL.md §3)
 } Model;
 
 // Activations of one layer. Tensors a variant lacks have size 0; without a preconditioner kt points at kn,
@@ -1389,7 +1389,7 @@ static double global_norm(const real* g, size_t n) {
     return sqrt(s);
 }
 
-// AdamW (decoupled weight decay, SPEC §6: only tensors flagged wd). grad_scale folds in the clipping. t >= 1.
+// AdamW (decoupled weight decay, MODEL.md §6: only tensors flagged wd). grad_scale folds in the clipping. t >= 1.
 static void adamw_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, int t, real grad_scale) {
     size_t n = m->lay.num_elems;
     if (!m->m) { m->m = (real*)callocCheck(n, sizeof(real)); m->v = (real*)callocCheck(n, sizeof(real)); }
@@ -1537,6 +1537,10 @@ int main(int argc, char** argv) {
     char device[64];
 #ifdef _OPENMP
     if (tc.threads > 0) { omp_set_num_threads(tc.threads); }
+    if (tc.threads > omp_get_num_procs()) {
+        fprintf(stderr, "warning: --threads %d is more than the %d cores here: threads will take turns (slower, same results)\n",
+                tc.threads, omp_get_num_procs());
+    }
     int nthreads = omp_get_max_threads();
     snprintf(device, sizeof device, "CPU, %d OpenMP thread%s", nthreads, nthreads == 1 ? "" : "s");
 #else

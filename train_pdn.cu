@@ -1,9 +1,9 @@
 /*
 train_pdn.cu: the CUDA trainer of pdn.c, mirroring the CPU reference train_pdn.c (same command line, presets,
 parameter layout, checkpoint format and training semantics; the model math is documented there and in
-../shared/SPEC.md). Mixed precision like llm.c: parameters and activations in bf16 (floatX), fp32 master weights,
+MODEL.md). Mixed precision like llm.c: parameters and activations in bf16 (floatX), fp32 master weights,
 gradients and optimizer state, stochastic rounding of the bf16 parameters with per-tensor seeds. Build with
-PRECISION=FP32 for an all-fp32 build (no TF32) that matches the CPU reference to 1e-4.
+-DENABLE_FP32 (make train_pdncu_fp32) for an all-fp32 build (no TF32) that matches the CPU reference to 1e-4.
 
 Read it top to bottom:
   1. CUDA utilities, cuBLASLt and batched-GEMM wrappers
@@ -15,7 +15,7 @@ Read it top to bottom:
      what a checkpoint saves), main()
 
 The mixer works in a head-major layout padded to whole chunks: (B, H, Tp, X) with Tp = NC * C. A chunk of one
-head is then a contiguous (C, X) matrix, so every per-chunk product of SPEC §4 is one strided-batched GEMM over
+head is then a contiguous (C, X) matrix, so every per-chunk product of MODEL.md §4 is one strided-batched GEMM over
 all B*H*NC chunks (tensor cores in bf16, exact fp32 in the FP32 build); the parts that are not GEMMs (cumsums,
 masks and decays, the unit-triangular inverse, the sequential state scans, channel-decay scores, reductions)
 are custom kernels. Padded tokens have q = k = v = 0, beta = 0, g = 0: they change neither outputs nor states.
@@ -72,7 +72,7 @@ static void cublas_check(cublasStatus_t st, const char* file, int line) {
 #define cublasCheck(st) cublas_check(st, __FILE__, __LINE__)
 
 static inline int cdiv(long a, long b) { return (int)((a + b - 1) / b); }
-#define L2NORM_EPS_F 1e-6f // SPEC §3.3, fixed
+#define L2NORM_EPS_F 1e-6f // MODEL.md §3.3, fixed
 #define GPU_CHUNK_MAX 64  // --chunk limit on the GPU (per-chunk shared-memory arrays are sized by it)
 
 __device__ __forceinline__ float tof(float x) { return x; }
@@ -409,7 +409,7 @@ static void colsum_add(float* out, const float* mat, long N, int M) {
     colsum_finish(out, nch, M);
 }
 
-// RMSNorm (SPEC §2), optionally fused with the residual add: resid_out = a + b (if b), out = RMSNorm(resid) * w.
+// RMSNorm (MODEL.md §2), optionally fused with the residual add: resid_out = a + b (if b), out = RMSNorm(resid) * w.
 // One warp per row; VEC: lanes over 16-byte vectors (C % XVEC == 0 and aligned rows), else over single elements.
 // one row of the output from its input x (C) and its rstd r, by the warp's lanes
 template <bool VEC>
@@ -651,7 +651,7 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
 // output (token-major floatX), is written only if pre is given (the kernel lab checks it; the trainer's backward
 // makes it again from z, bit for bit, instead of storing it); out is head-major padded.
 #define CONV_TR 64
-#define CONV_CS_MAX 4    // the SPEC's kernel size; larger ones are refused on the GPU
+#define CONV_CS_MAX 4    // the presets' kernel size; larger ones are refused on the GPU
 #define CONV_THREADS 256
 // Stage rows ta .. ta+nrows-1 (columns c0 .. c0+D-1) of z (B, T, Ch) into zs (nrows, D): rows before 0 from the
 // history (B, cs-1, Ch) or zeros, rows at or after tend zeros. 16-byte loads when the shapes and pointers allow,
@@ -1120,7 +1120,7 @@ static void conv_norm_backward(floatX* dz, int ldz, float* dw, const float* dy, 
     }
 }
 
-// Gates (SPEC §3.4-3.6). pre: (B, T, H*gw) floatX from a projection; out head-major (B, H, Tp, gwp) fp32 (gwp >= gw:
+// Gates (MODEL.md §3.4-3.6). pre: (B, T, H*gw) floatX from a projection; out head-major (B, H, Tp, gwp) fp32 (gwp >= gw:
 // the mixer's padded width for a channel decay, whose extra columns are not touched).
 // kind 0: sigmoid gate, out = bmax * sigmoid(pre). kind 1: log decay, out = -exp(A_log[h]) softplus(pre + dt_bias).
 __global__ void gate_forward_kernel(float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias,
@@ -1193,7 +1193,7 @@ static void gate_backward(floatX* dpre, int ld, float* dpre_f, float* alog_el, f
     }
 }
 
-// Output norm (RMSNorm over V, weight shared by the heads) and optional sigmoid gate (SPEC §3.8).
+// Output norm (RMSNorm over V, weight shared by the heads) and optional sigmoid gate (MODEL.md §3.8).
 // o: mixer output head-major floatX; og = on ⊙ sigmoid(gz) (B*T, H*V) floatX, W_o's input. Ungated, og is on itself
 // (pass on = og); gated, on is not stored (on = nullptr): the backward makes it again from o and rstd, bit for bit.
 // o and dO have head-major rows of Vp >= V columns (the mixer's padded head size); the extra ones are not touched.
@@ -1404,7 +1404,7 @@ static void onorm_gate_backward(floatX* dO, floatX* dgz, float* dgz_f, float* dw
     colsum_finish(dw, nblk, V);
 }
 
-// SwiGLU (SPEC §2): out = silu(gate) * up. A thread per XVEC elements (16-byte accesses; the arena aligns every
+// SwiGLU (MODEL.md §2): out = silu(gate) * up. A thread per XVEC elements (16-byte accesses; the arena aligns every
 // buffer, the launchers check it), the last thread takes a partial vector one element at a time.
 __global__ void swiglu_forward_kernel(floatX* out, const floatX* gate, const floatX* up, long n) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * XVEC;
@@ -1533,7 +1533,7 @@ __device__ __forceinline__ float adamw_element(float* master, float* m, float* v
     return p;
 }
 
-// AdamW on one tensor (SPEC §6 weight decay), gradient scaled by grad_scale (clipping). master fp32 is updated;
+// AdamW on one tensor (MODEL.md §6 weight decay), gradient scaled by grad_scale (clipping). master fp32 is updated;
 // the floatX parameter is its stochastically rounded copy (seed per tensor and step).
 __global__ void adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, long n, float lr,
                              float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
@@ -1638,7 +1638,7 @@ static void adam_bias_corrections(const TrainConfig* tc, long step, float* bc1, 
 // tensor, so its (C, X) matrix starts at X + q*C*X_width; per-chunk (C, C) matrices start at q*C*C and the
 // states (K, V) at q*K*V.
 
-// 3a. diagonal preconditioner (SPEC §3.6). The statistic is a linear recurrence per key channel,
+// 3a. diagonal preconditioner (MODEL.md §3.6). The statistic is a linear recurrence per key channel,
 // a_t = d_t a_{t-1} + u_t with d_t = exp(gP_t), u_t = betaP_t k̂_t², computed chunk-parallel in three passes:
 // (1) every chunk scans from zero (all chunks at once) and keeps only its end value, (2) one short sequential pass
 // carries the chunk-start values across the NC chunk boundaries, (3) every chunk runs its recurrence again from its
@@ -1892,7 +1892,7 @@ __device__ float exact_key(const float* P, const floatX* krow, float* kv, float*
     return 1.0f + block_sum(part); // block_sum synchronises: w and kv are complete after it
 }
 
-// 3b. exact preconditioner (SPEC §5): one block per (b, h), P (K x K fp32) in shared memory, sequential over tokens.
+// 3b. exact preconditioner (MODEL.md §5): one block per (b, h), P (K x K fp32) in shared memory, sequential over tokens.
 // Per token: w = P k, den = 1 + k·w, k̃ = w / den, P -= k̃ wᵀ. P at every chunk start goes to pstate (for the
 // backward); P0 / P_final (B,H,K,K) optional.
 __global__ void precond_exact_forward_kernel(floatX* kt, float* pstate, const floatX* k, const float* P0, float* P_final,
@@ -1984,7 +1984,7 @@ __global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const floa
     }
 }
 
-// 3c. the chunkwise delta rule (SPEC §4)
+// 3c. the chunkwise delta rule (MODEL.md §4)
 //
 // forward, per chunk with start state S (K x V), G = inclusive cumsum of g inside the chunk, E_ij = exp(G_i - G_j):
 //   Mk = (K̂ K̃ᵀ ⊙ E) strictly lower, A = diag(beta) Mk, Tinv = (I + A)^-1
@@ -4964,6 +4964,11 @@ int main(int argc, char** argv) {
     cudaCheck(cudaEventCreate(&tr.ev1));
     if (tc.debug_state[0]) { // one micro-batch, the first of this run's data stream, as the CPU trainer does
         run_debug_state(&tr, &run);
+        dist_finish();
+        acts_free(&tr.acts);
+        model_free(m);
+        data_free(&ds);
+        if (tok) { tokenizer_free(tok); }
         return 0;
     }
     run.flops_per_token = flops_per_token(&mc, &m->lay, tc.chunk);

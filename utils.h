@@ -1,6 +1,7 @@
 /*
 utils.h: small host-side helpers shared by train_pdn.c, train_pdn.cu, the tests and the dev tools.
-defines: fail(), xxxCheck macros carrying file and line, a seeded RNG (splitmix64 + xoshiro256**),
+defines: fail() (its message escaped: no raw control bytes reach the terminal), UTF-8 decoding and
+print_text_escaped, xxxCheck macros carrying file and line, a checked size product, a seeded RNG (splitmix64 + xoshiro256**),
 CRC-32 (IEEE, the same value zlib.crc32 gives), atomic file replacement (write temp, fsync, rename),
 a growable text buffer, and a monotonic clock.
 */
@@ -35,14 +36,65 @@ a growable text buffer, and a monotonic clock.
 // in a job of several processes the messages say which one failed (set once the rank is known; -1: one process)
 static int fail_rank = -1;
 
+// ----------------------------------------------------------------------------------------------------
+// UTF-8, and text printed so that it cannot act on a terminal (messages quote file bytes, paths and flags)
+
+// decode the code point at s[i] (i < n); *len gets its byte length. Returns -1 for a byte that does not start a
+// valid shortest-form sequence (then *len = 1: the byte stands alone).
+static int32_t utf8_decode(const uint8_t* s, size_t n, size_t i, size_t* len) {
+    uint8_t b0 = s[i];
+    *len = 1;
+    if (b0 < 0x80) { return b0; }
+    size_t need;
+    uint32_t cp, lo2 = 0x80, hi2 = 0xBF;   // allowed range of the second byte (rules out overlong/surrogates)
+    if (b0 >= 0xC2 && b0 <= 0xDF) { need = 1; cp = b0 & 0x1F; }
+    else if (b0 >= 0xE0 && b0 <= 0xEF) {
+        need = 2; cp = b0 & 0x0F;
+        if (b0 == 0xE0) { lo2 = 0xA0; }
+        if (b0 == 0xED) { hi2 = 0x9F; }
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+        need = 3; cp = b0 & 0x07;
+        if (b0 == 0xF0) { lo2 = 0x90; }
+        if (b0 == 0xF4) { hi2 = 0x8F; }
+    } else { return -1; }
+    if (i + need >= n) { return -1; }   // truncated at the end of the text
+    for (size_t k = 1; k <= need; k++) {
+        uint8_t b = s[i + k];
+        uint32_t lo = k == 1 ? lo2 : 0x80, hi = k == 1 ? hi2 : 0xBF;
+        if (b < lo || b > hi) { return -1; }
+        cp = (cp << 6) | (b & 0x3F);
+    }
+    *len = need + 1;
+    return (int32_t)cp;
+}
+
+// Text to a terminal or log, with every byte that could act on the terminal escaped: control characters other
+// than newline and tab, DEL and the C1 controls (U+0080..U+009F) as \xNN of their bytes, bytes that are not valid
+// UTF-8 (a sample can end inside a character, a model can emit any byte, a file can hold anything) as \xNN, and
+// the backslash as \\ so that the escapes are unambiguous. Everything else, valid UTF-8 included, is printed as it is.
+static void print_text_escaped(FILE* f, const uint8_t* s, size_t n) {
+    for (size_t i = 0; i < n;) {
+        size_t len;
+        int32_t cp = utf8_decode(s, n, i, &len);
+        if (cp == '\\') { fputs("\\\\", f); }
+        else if (cp == '\n' || cp == '\t' || (cp >= 0x20 && cp != 0x7F && (cp < 0x80 || cp >= 0xA0))) { fwrite(s + i, 1, len, f); }
+        else { for (size_t k = 0; k < len; k++) { fprintf(f, "\\x%02x", s[i + k]); } }
+        i += len;
+    }
+}
+
+// the message goes through print_text_escaped: it may quote bytes of a file, a path or a flag's value
 static void fail(int code, const char* fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 static void fail(int code, const char* fmt, ...) {
+    char msg[8192];
     va_list ap;
     va_start(ap, fmt);
-    if (fail_rank >= 0) { fprintf(stderr, "error (rank %d): ", fail_rank); } else { fprintf(stderr, "error: "); }
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    size_t len = n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1;
+    if (fail_rank >= 0) { fprintf(stderr, "error (rank %d): ", fail_rank); } else { fprintf(stderr, "error: "); }
+    print_text_escaped(stderr, (const uint8_t*)msg, len);
+    fprintf(stderr, "\n");
     fflush(stdout);
     exit(code);
 }
@@ -94,6 +146,14 @@ static void* calloc_check(size_t n, size_t size, const char* file, int line) {
     return p;
 }
 #define callocCheck(n, size) calloc_check(n, size, __FILE__, __LINE__)
+
+// a * b for a size (elements or bytes): a product that does not fit in 64 bits ends the run (exit 1) instead of
+// wrapping around to a small number (what is an absurd flag or a tampered header says, naming it)
+static size_t mul_check(size_t a, size_t b, const char* what, const char* file, int line) {
+    if (b != 0 && a > SIZE_MAX / b) { fail(EXIT_USAGE, "%s: %zu x %zu does not fit in 64 bits [%s:%d]", what, a, b, file, line); }
+    return a * b;
+}
+#define mulCheck(a, b, what) mul_check(a, b, what, __FILE__, __LINE__)
 
 // ----------------------------------------------------------------------------------------------------
 // RNG: xoshiro256** seeded through splitmix64. Small, fast, and the same numbers on every platform.
@@ -247,12 +307,19 @@ static long long file_size(FILE* f) {
     return (long long)st.st_size;
 }
 
+// the directory and every missing one above it, like mkdir -p
 static void ensure_dir(const char* dir) {
     struct stat st;
     if (stat(dir, &st) == 0) {
         if (!S_ISDIR(st.st_mode)) { fail(EXIT_USAGE, "'%s' exists and is not a directory", dir); }
         return;
     }
+    char parent[1024];
+    if (strlen(dir) >= sizeof parent) { fail(EXIT_USAGE, "path too long: %s", dir); }
+    strcpy(parent, dir);
+    char* slash = strrchr(parent, '/');
+    while (slash && slash > parent && slash[1] == 0) { *slash = 0; slash = strrchr(parent, '/'); }   // trailing '/'
+    if (slash && slash > parent) { *slash = 0; ensure_dir(parent); }
     // EEXIST: another process of the job made it in between
     if (mkdir(dir, 0755) != 0 && !(errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode))) {
         fail(EXIT_SYSTEM, "cannot create directory '%s': %s", dir, strerror(errno));

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train a small PGDN language model on tinyshakespeare on the CPU (a few minutes on a 2-core machine), print its
 # loss curve, and sample from the final checkpoint. Nothing but a C compiler, make, and curl or wget when
-# ../shared/data/tinyshakespeare.txt is absent.
+# ../shared/data/tinyshakespeare.txt is absent (a fresh clone: the text is downloaded once).
 #
 # Vocabulary: a 512-token byte-level BPE learned from the text itself with dev/data/train_bpe, not GPT-2's 50,257
 # tokens. On a CPU the classifier would dominate: with d_model 128 its matmuls cost 6 x vocab x 128 FLOPs per
@@ -25,11 +25,13 @@ threads=${THREADS:-0}
 make -s train_pdn dev/data/train_bpe dev/data/prepare_shards
 mkdir -p "$out/data"
 
-# (a) the text: the shared copy when present, else karpathy's char-rnn copy (1,115,394 bytes)
-text=../shared/data/tinyshakespeare.txt
+# (a) the text, into $out/data/tinyshakespeare.txt: the shared copy when present, else karpathy's char-rnn copy
+# (1,115,394 bytes; the same file)
+text=$out/data/tinyshakespeare.txt
 if [ ! -f "$text" ]; then
-    text=$out/data/tinyshakespeare.txt
-    if [ ! -f "$text" ]; then
+    if [ -f ../shared/data/tinyshakespeare.txt ]; then
+        cp ../shared/data/tinyshakespeare.txt "$text"
+    else
         url=https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt
         echo "downloading $url"
         if command -v curl >/dev/null 2>&1; then curl -fsSL -o "$text.tmp" "$url"; else wget -q -O "$text.tmp" "$url"; fi

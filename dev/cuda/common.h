@@ -240,7 +240,7 @@ static inline double lab_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
 static inline double lab_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 
 // ----------------------------------------------------------------------------------------------------
-// the diagonal preconditioner (SPEC §3.6) through the trainer's launchers precond_diag_forward / _backward, with the
+// the diagonal preconditioner (MODEL.md §3.6) through the trainer's launchers precond_diag_forward / _backward, with the
 // lab's shape; head-major padded rows; scratch from precond_scratch_add, as the trainer allocates it
 static void lab_precond_diag_forward(floatX* kt, PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
                                      const floatX* log_atk_scale, const ChunkShape& s, float x, float eps) {

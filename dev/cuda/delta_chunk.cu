@@ -1,5 +1,5 @@
 /*
-Kernel lab: the chunkwise delta rule (SPEC §3.7 and §4), forward and backward, exactly as train_pdn.cu runs it
+Kernel lab: the chunkwise delta rule (MODEL.md §3.7 and §4), forward and backward, exactly as train_pdn.cu runs it
 (delta_chunk_forward / delta_chunk_backward: strided-batched GEMMs + chunk_prep, scores, tri_inverse, state scan,
 bwd_finish kernels), for no decay (gk = 0), a scalar decay (gk = 1) and a channel decay (gk = K), with one key
 (k̃ = k̂, DN/GDN/KDA: dk̂ gets dk̃ folded in) and two keys (k̃ != k̂, PDN/PGDN/PKDA).
@@ -17,7 +17,7 @@ Versions (everything else is the trainer's code):
 The trainer picks inside delta_chunk_forward/backward with those tests; the lab forces v1 by making them fail
 (scan_force_simt, scores_force_fma) and checks which path was taken.
 
-CPU reference: the per-token recurrence of SPEC §3.7 in double (S̄ = exp(g) S, u = beta (v - S̄ᵀ k̂),
+CPU reference: the per-token recurrence of MODEL.md §3.7 in double (S̄ = exp(g) S, u = beta (v - S̄ᵀ k̂),
 S = S̄ + k̃ uᵀ, o = Sᵀ q̂) and its backward by hand (the model is delta_token_backward_bh in train_pdn.c), from the
 inputs as the device sees them (already rounded to floatX).
 
@@ -58,7 +58,7 @@ static const double TOL = 2e-2;
 #endif
 static const char* VERSION_NAME[3] = {"", "v1 SIMT", "v2 tensor cores"};
 static const int CHUNK = 64; // the trainer's default --chunk
-static const float PC_X = 1.5f, PC_EPS = 1e-6f; // SPEC §3.6: squash x, eps
+static const float PC_X = 1.5f, PC_EPS = 1e-6f; // MODEL.md §3.6: squash x, eps
 
 // v1: make the tensor-core tests fail; v2: the device's real limits. Returns whether `s` then runs version v.
 static bool select_version(int v, const ChunkShape& s) {
@@ -93,7 +93,7 @@ static DeltaHost make_inputs(int B, int H, int T, int C, int K, int V, int gk, i
     for (int bh = 0; bh < B * H; bh++) {
         for (int t = 0; t < T; t++) {
             size_t row = (size_t)bh * h.Tp + t;
-            // q̂ = q / |q| * K^-1/2 and k̂ = k / |k| (SPEC §3.3)
+            // q̂ = q / |q| * K^-1/2 and k̂ = k / |k| (MODEL.md §3.3)
             for (int pass = 0; pass < 2; pass++) {
                 double ss = 0.0;
                 for (int j = 0; j < K; j++) { tmp[j] = rng.normal(); ss += tmp[j] * tmp[j]; }

@@ -1,5 +1,5 @@
 /*
-Kernel lab: the diagonal preconditioner's statistic scan (SPEC §3.6, §4), forward and backward.
+Kernel lab: the diagonal preconditioner's statistic scan (MODEL.md §3.6, §4), forward and backward.
   forward:  a_t = exp(gP_t) a_{t-1} + betaP_t k̂_t²  (per key channel, a_0 = 0, updated before use)
             r = log(a_t + eps) - c, s = r / (1 + |r|), k̃ = exp(-ln(x) s) k̂        (x = 1.5, eps = 1e-6, c = log_atk_scale[h])
   backward: from dk̃: dk̂ += (direct path and through a), dgP, dbetaP (per token), dlog_atk_scale (per head) +=

@@ -1,5 +1,5 @@
 /*
-Kernel lab: RMSNorm (SPEC §2) with the fused residual add, forward and backward, as train_pdn.cu runs it.
+Kernel lab: RMSNorm (MODEL.md §2) with the fused residual add, forward and backward, as train_pdn.cu runs it.
   forward:  resid = a + b (rounded to floatX: the stored residual), out = resid * rstd * w, rstd = 1/sqrt(mean(resid²) + eps)
             (without b: out = a * rstd * w, nothing written to resid)
   backward: dinp += rstd dy ⊙ w - rstd³ (Σ dy ⊙ w ⊙ x) / C · x;   dw += Σ_rows dy ⊙ x · rstd
@@ -36,7 +36,7 @@ static const double TOL_OUT = 1e-5;
 static const double TOL_OUT = 1e-2;
 #endif
 static const double TOL_RSTD = 1e-5, TOL_GRAD = 1e-4;
-static const float EPS = 1e-6f; // the presets' --norm-eps (SPEC §2)
+static const float EPS = 1e-6f; // the presets' --norm-eps (MODEL.md §2)
 static const char* VERSION_NAME[4] = {"", "v1 thread/row", "v2 warp/row", "v3 fused 1-pass"};
 
 // ----------------------------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(); return 0; }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(); free(files); return 0; }
         if (a[0] != '-') { files[n_files++] = argv[i]; continue; }
         if (tokenizer_flag(&tf, argc, argv, &i)) { continue; }
         const char* v;

@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(); return 0; }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(); free(files); return 0; }
         if (a[0] != '-') { files[n_files++] = argv[i]; continue; }
         if (tokenizer_flag(&tf, argc, argv, &i)) { continue; }
         const char* v;
@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
     if (tok_bytes == 2 && tok.vocab_size > 65536) {
         fail(EXIT_USAGE, "--dtype uint16 cannot hold the ids of a %d-token vocabulary", tok.vocab_size);
     }
-    // the output directory (one level) must exist
+    // the output directory, made with every missing directory above it
     char dir[2048];
     snprintf(dir, sizeof dir, "%s", prefix);
     char* slash = strrchr(dir, '/');

@@ -48,6 +48,16 @@ typedef struct {
     uint32_t* word_seen;      // merge number that last processed the piece
 } Trainer;
 
+static void trainer_free(Trainer* tr) {
+    for (size_t p = 0; p < tr->n_pairs; p++) { free(tr->where[p]); }
+    bytebuf_free(&tr->tok);
+    free(tr->tok_off); free(tr->sym); free(tr->sym_off); free(tr->len); free(tr->freq);
+    pairmap_free(&tr->index);
+    free(tr->pl); free(tr->pr); free(tr->pcount); free(tr->where); free(tr->nwhere); free(tr->capwhere);
+    free(tr->old_count); free(tr->touched_at); free(tr->heap); free(tr->word_seen);
+    memset(tr, 0, sizeof(*tr));
+}
+
 static int token_cmp(const Trainer* tr, int a, int b) {
     size_t la = tr->tok_off[a + 1] - tr->tok_off[a], lb = tr->tok_off[b + 1] - tr->tok_off[b];
     int c = memcmp(tr->tok.b + tr->tok_off[a], tr->tok.b + tr->tok_off[b], la < lb ? la : lb);
@@ -234,7 +244,7 @@ int main(int argc, char** argv) {
     int n_files = 0;
     for (int i = 1; i < argc; i++) {
         const char* a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(); return 0; }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) { usage(); free(files); return 0; }
         if (a[0] != '-') { files[n_files++] = argv[i]; continue; }
         const char* v;
         if ((v = flag_value(argc, argv, &i, "--out-dir"))) { out_dir = v; }
@@ -325,5 +335,7 @@ int main(int argc, char** argv) {
            t.vocab_size, n_merges, eot, (unsigned long long)last_count, wall_seconds() - t0);
     printf("wrote %s, %s, %s\n", ej, vb, bin);
     tokenizer_free(&t);
+    trainer_free(&tr);
+    free(left); free(right); free(touched); free(files);
     return 0;
 }
