@@ -340,7 +340,7 @@ static void test_hf_keys(void) {
             free(text);
         }
     }
-    // at the paper's sizes the fla tensors add up to SPEC §7's counts (fla's models have exactly these parameters;
+    // at the paper's sizes the fla tensors add up to MODEL.md §7's counts (fla's models have exactly these parameters;
     // pdn's export is a PGDN, so it has PGDN's count: the main-decay tensors it adds are the only difference)
     struct { const char* preset; long long count; } sizes[] = {
         {"dn-340m", 341594112}, {"pdn-340m", 342184896}, {"gdn-340m", 341791104}, {"pgdn-340m", 342184896},
@@ -361,12 +361,12 @@ static void test_hf_keys(void) {
             for (int j = 0; j < ht[k].ndim; j++) { e *= ht[k].shape[j]; }
             total += e;
         }
-        CHECK(total == sizes[i].count, "%s: the fla tensors hold %lld parameters, SPEC §7 says %lld", sizes[i].preset, total, sizes[i].count);
+        CHECK(total == sizes[i].count, "%s: the fla tensors hold %lld parameters, MODEL.md §7 says %lld", sizes[i].preset, total, sizes[i].count);
         free(ht);
     }
     printf("  exported keys and shapes = fla's layer code for a 2-layer model of each of the 6 variants (and kda/pkda "
            "with --out-gate 0), tied and untied; "
-           "at the paper's sizes they add up to SPEC §7's counts (%zu presets)\n", sizeof(sizes) / sizeof(sizes[0]));
+           "at the paper's sizes they add up to MODEL.md §7's counts (%zu presets)\n", sizeof(sizes) / sizeof(sizes[0]));
 }
 
 // ---- config.json: fla's defaults and the refusals
@@ -407,7 +407,7 @@ static void test_hf_config(void) {
         {"{\"model_type\": \"kda\", \"expand_v\": 1.5}", "integer expand_v"},
         {"{\"model_type\": \"delta_net\", \"qk_norm\": \"sum\"}", "qk_norm"},
         {"{\"model_type\": \"kda\", \"hidden_size\": \"big\"}", "must be an integer"},
-        {"{\"model_type\": \"kda\", \"vocab_size\": 1}", "--vocab must be at least 2"},
+        {"{\"model_type\": \"kda\", \"vocab_size\": 1}", "--vocab must be in 2.."},
         {"{\"model_type\": \"kda\",}", "invalid JSON"},
     };
     int refused = 0;

@@ -246,6 +246,7 @@ static void prof_report(int steps) {
 static cublasHandle_t cublas_handle;
 static cublasLtHandle_t cublaslt_handle;
 __attribute__((unused)) static int smem_optin = 48 * 1024; // the device's per-block shared-memory limit, set in mixer_kernel_setup
+__attribute__((unused)) static int num_sms = 132;            // the device's multiprocessors, likewise
 static void* cublaslt_workspace = nullptr;
 static const size_t cublaslt_workspace_size = 64ull << 20;
 #ifdef ENABLE_FP32
@@ -2395,16 +2396,28 @@ __device__ __forceinline__ uint4 round8_bf16(const float* src) {
     return o;
 }
 
+// Chunk groups of the two-level scans (dev/cuda/delta_chunk v3). Per chunk the state moves as S' = A S + B with
+// A = e^G_last - Kdᵀ W (K x K) and B = Kdᵀ U: a scan over a group of chunks from zero gives the group's B, the same
+// scan with U = 0 from the identity (a K x K "state") gives the product of its A's, a short pass over the groups
+// composes them into each group's true start state, and a last scan per group from it makes the outputs. The block
+// (bh, g) = blockIdx.x / G, % G walks chunks [g M, min(NC, (g + 1) M)); S0 / S_final (dS_in / dS0) are indexed by
+// blockIdx.x. G = 1 with SCAN_OUT is the sequential scan.
+enum { SCAN_OUT = 1, SCAN_HOMOG = 2, SCAN_IDENT = 4 }; // write the outputs; U (dO) zero; start from the identity
+struct ScanGroups { int G, M, mode; };
+static const ScanGroups SCAN_SEQ = {1, 1 << 30, SCAN_OUT};
+
 // forward: per chunk, hstate = S; V' = U - W S; O = Qg S + P V'; S = e^G_last ⊙ S + Kdᵀ V'. The output O is made
 // here too (the warps that W S leaves idle take Qg S, kept in registers until P V' is added): no batched GEMMs after.
 // Two blocks per multiprocessor (the 64-register cap) so that the 512 blocks of the 340m shape run in two waves.
 __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, floatX* O, const floatX* W,
                                                                      const floatX* U, const floatX* Kd, const floatX* Qg,
                                                                      const floatX* P, const float* G, const float* S0,
-                                                                     float* S_final, ChunkShape s) {
+                                                                     float* S_final, ChunkShape s, ScanGroups sg) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
-    int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
+    int blk = blockIdx.x, bh = blk / sg.G, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
+    int lo = blk % sg.G * sg.M, hi = min(s.NC, lo + sg.M); // this block's chunks
+    bool outs = sg.mode & SCAN_OUT, homog = sg.mode & SCAN_HOMOG;
     unsigned char* p = smem_raw;
     float* S = (float*)p;                    p += scan_align((size_t)K * SCAN_PADF * 4); // K x 36 fp32
     float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF * 4); // C x 36 fp32
@@ -2419,21 +2432,21 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
     int lp = C + 8;
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
         int a = e / SCAN_BV, c = e % SCAN_BV;
-        float x = S0 ? S0[((long)bh * K + a) * V + v0 + c] : 0.0f;
+        float x = (sg.mode & SCAN_IDENT) ? (a == v0 + c ? 1.0f : 0.0f) : S0 ? S0[((long)blk * K + a) * V + v0 + c] : 0.0f;
         S[a * SCAN_PADF + c] = x;
         Sb[a * SCAN_PADV + c] = __float2bfloat16(x);
     }
-    // group 1 of a chunk: W, Qg; group 2: U, G_last, Kd, P
-    long rb = (long)bh * s.NC * C;
+    // group 1 of a chunk: W, Qg; group 2: U, G_last, Kd, P (Qg, U and P only where the outputs or U are needed)
+    long rb = ((long)bh * s.NC + lo) * C;
     auto stage1 = [&](long r) {
         stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
-        stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2);
+        if (outs) { stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2); }
     };
     auto stage2 = [&](long r) {
-        stage_async(Us, SCAN_PADV * 2, U + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
+        if (!homog) { stage_async(Us, SCAN_PADV * 2, U + r * V + v0, (long)V * 2, C, SCAN_BV * 2); }
         if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
         stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
-        stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r C
+        if (outs) { stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); } // chunk q's P starts at q C C = r C
     };
     stage1(rb);
     __pipeline_commit();
@@ -2445,17 +2458,17 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
     // row l / 2, columns (l % 2) * 8 .. + 7
     int tr = lane / 2, tc = (lane % 2) * 8;
     __syncthreads(); // Sb is complete
-    for (int e = threadIdx.x; e < K * SCAN_BV / 8; e += blockDim.x) { // hstate of chunk 0
+    for (int e = threadIdx.x; outs && e < K * SCAN_BV / 8; e += blockDim.x) { // hstate of the first chunk
         int a = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
-        *(uint4*)(hstate + ((long)bh * s.NC * K + a) * V + v0 + c) = *(const uint4*)(Sb + a * SCAN_PADV + c);
+        *(uint4*)(hstate + (((long)bh * s.NC + lo) * K + a) * V + v0 + c) = *(const uint4*)(Sb + a * SCAN_PADV + c);
     }
-    for (int ch = 0; ch < s.NC; ch++) {
+    for (int ch = lo; ch < hi; ch++) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
-        bool more = ch + 1 < s.NC;
+        bool more = ch + 1 < hi;
         __pipeline_wait_prior(1); // this chunk's W, Qg
         __syncthreads();
         // O tile `warp` (if < mt x 2) starts as Qg Sb, in registers; Vt = W Sb on the warps counted from the other end
-        bool own = warp < mt * 2;
+        bool own = outs && warp < mt * 2;
         int oi = warp / 2, oj = warp % 2;
         FragC oacc;
         if (own) {
@@ -2490,13 +2503,13 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
             const float* vt = Vt + i * SCAN_PADF + c;
             float4 v_lo = *(const float4*)vt, v_hi = *(const float4*)(vt + 4);
             float vv[8] = {v_lo.x, v_lo.y, v_lo.z, v_lo.w, v_hi.x, v_hi.y, v_hi.z, v_hi.w};
-            uint4 u = *(const uint4*)(Us + i * SCAN_PADV + c), o;
+            uint4 u = homog ? make_uint4(0, 0, 0, 0) : *(const uint4*)(Us + i * SCAN_PADV + c), o;
             const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
             __nv_bfloat16* ob = (__nv_bfloat16*)&o;
             #pragma unroll
             for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(__bfloat162float(ub[k]) - vv[k]); }
             *(uint4*)(Vb + i * SCAN_PADV + c) = o;
-            *(uint4*)(Vn + (r0 + i) * V + v0 + c) = o;
+            if (outs) { *(uint4*)(Vn + (r0 + i) * V + v0 + c) = o; }
         }
         for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
         if (gw > 1) { // channel decay: scale the rows of S here (a WMMA fragment does not say which row an element is)
@@ -2529,7 +2542,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
             int a = 16 * i + tr, c = 16 * j + tc;
             uint4 o = round8_bf16(S + a * SCAN_PADF + c);
             *(uint4*)(Sb + a * SCAN_PADV + c) = o;
-            if (more) { *(uint4*)(hstate + ((q + 1) * K + a) * V + v0 + c) = o; }
+            if (outs && more) { *(uint4*)(hstate + ((q + 1) * K + a) * V + v0 + c) = o; }
         }
         if (own) { // O += P V' (P lower with diagonal: blocks k <= oi), rounded to bf16 through Vt (free until the
                    // next chunk's W S) and stored with 16-byte accesses
@@ -2551,20 +2564,26 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
     }
     if (S_final) {
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            S_final[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = S[e / SCAN_BV * SCAN_PADF + e % SCAN_BV];
+            S_final[((long)blk * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = S[e / SCAN_BV * SCAN_PADF + e % SCAN_BV];
         }
     }
 }
 
 // backward scan on tensor cores: dhstate[c] = dS; dV' = Pᵀ dO + Kd dS; dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'. The local
 // part Pᵀ dO is made here from the staged P and dO slice (no batched GEMM and fp32 round trip before the scan); dO is
-// double-buffered because the next chunk's copy starts while this chunk's dS update still reads it.
+// double-buffered because the next chunk's copy starts while this chunk's dS update still reads it. With chunk groups
+// (ScanGroups) the block walks its group's chunks down from dS_in (the gradient of the state after its last chunk; zero,
+// or the identity with SCAN_IDENT) and leaves the gradient of the state before its first in dS0: per chunk
+// dS <- Aᵀ dS + (Qgᵀ - Wᵀ Pᵀ) dO, the transpose of the forward's step.
 __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const floatX* P,
                                                                       const floatX* dO, const floatX* W, const floatX* Qg,
-                                                                      const floatX* Kd, const float* G, float* dS0, ChunkShape s) {
+                                                                      const floatX* Kd, const float* G, const float* dS_in,
+                                                                      float* dS0, ChunkShape s, ScanGroups sg) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
-    int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
+    int blk = blockIdx.x, bh = blk / sg.G, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
+    int lo = blk % sg.G * sg.M, hi = min(s.NC, lo + sg.M); // this block's chunks, walked from hi - 1 down to lo
+    bool outs = sg.mode & SCAN_OUT, homog = sg.mode & SCAN_HOMOG;
     unsigned char* p = smem_raw;
     float* dS = (float*)p;                   p += scan_align((size_t)K * SCAN_PADF * 4); // K x 36
     float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF * 4); // C x 36
@@ -2579,22 +2598,26 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     int lp = C + 8;
     size_t dob = scan_align((size_t)C * SCAN_PADV * 2) / 2; // elements from one dO buffer to the other
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-        dS[e / SCAN_BV * SCAN_PADF + e % SCAN_BV] = 0.0f;
-        dSb[e / SCAN_BV * SCAN_PADV + e % SCAN_BV] = __float2bfloat16(0.0f);
+        int a = e / SCAN_BV, c = e % SCAN_BV;
+        float x = (sg.mode & SCAN_IDENT) ? (a == v0 + c ? 1.0f : 0.0f) : dS_in ? dS_in[((long)blk * K + a) * V + v0 + c] : 0.0f;
+        dS[a * SCAN_PADF + c] = x;
+        dSb[a * SCAN_PADV + c] = __float2bfloat16(x);
     }
-    // group 1 of a chunk: Kd, P, dO (buffer ch % 2), G_last; group 2: Qg, W
+    // group 1 of a chunk: Kd, P, dO (buffer ch % 2), G_last; group 2: Qg, W (P, dO and Qg only where dO is not zero)
     auto stage1 = [&](long r, int ch) {
         stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
-        stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r C
-        stage_async(dOb + (ch % 2) * dob, SCAN_PADV * 2, dO + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
+        if (!homog) {
+            stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r C
+            stage_async(dOb + (ch % 2) * dob, SCAN_PADV * 2, dO + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
+        }
         if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
     };
     auto stage2 = [&](long r) {
-        stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2);
+        if (!homog) { stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2); }
         stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
     };
-    long rl = ((long)bh * s.NC + s.NC - 1) * C;
-    stage1(rl, s.NC - 1);
+    long rl = ((long)bh * s.NC + hi - 1) * C;
+    stage1(rl, hi - 1);
     __pipeline_commit();
     stage2(rl);
     __pipeline_commit();
@@ -2602,13 +2625,14 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     float* dec = Gl + gw; // gw: the chunk's decay factor (one, or one per state row; 1 for no decay)
     // as in the forward: the warp owning a 16 x 16 tile takes row lane / 2, columns (lane % 2) * 8 .. + 7 of it
     int tr = lane / 2, tc = (lane % 2) * 8;
-    for (int e = threadIdx.x; e < K * SCAN_BV / 8; e += blockDim.x) { // dhstate of the last chunk: zero
+    __syncthreads(); // dSb is complete
+    for (int e = threadIdx.x; outs && e < K * SCAN_BV / 8; e += blockDim.x) { // dhstate of the last chunk: the start
         int a = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
-        *(uint4*)(dhstate + (((long)bh * s.NC + s.NC - 1) * K + a) * V + v0 + c) = make_uint4(0, 0, 0, 0);
+        *(uint4*)(dhstate + (((long)bh * s.NC + hi - 1) * K + a) * V + v0 + c) = *(const uint4*)(dSb + a * SCAN_PADV + c);
     }
-    for (int ch = s.NC - 1; ch >= 0; ch--) {
+    for (int ch = hi - 1; ch >= lo; ch--) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
-        bool more = ch > 0;
+        bool more = ch > lo;
         const __nv_bfloat16* dOs = dOb + (ch % 2) * dob;
         __pipeline_wait_prior(1); // this chunk's Kd, P, dO, G_last
         __syncthreads();
@@ -2617,7 +2641,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
-            for (int k = i; k < mt; k++) { // P lower with diagonal: (Pᵀ)_ik nonzero for k >= i
+            for (int k = i; !homog && k < mt; k++) { // P lower with diagonal: (Pᵀ)_ik nonzero for k >= i
                 FragAT fa;
                 FragB fb;
                 wmma::load_matrix_sync(fa, Ps + 16 * k * lp + 16 * i, lp);
@@ -2636,7 +2660,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             int row = 16 * i + tr, c = 16 * j + tc;
             uint4 o = round8_bf16(Vt + row * SCAN_PADF + c);
             *(uint4*)(Vb + row * SCAN_PADV + c) = o;
-            *(uint4*)(dVn + (r0 + row) * V + v0 + c) = o;
+            if (outs) { *(uint4*)(dVn + (r0 + row) * V + v0 + c) = o; }
         }
         for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
         __pipeline_wait_prior(0); // this chunk's Qg, W
@@ -2665,9 +2689,11 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             for (int k = 0; k < mt; k++) {
                 FragAT fa;
                 FragB fb;
-                wmma::load_matrix_sync(fa, Qgs + 16 * k * kp + 16 * i, kp);
-                wmma::load_matrix_sync(fb, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, fa, fb, acc);
+                if (!homog) {
+                    wmma::load_matrix_sync(fa, Qgs + 16 * k * kp + 16 * i, kp);
+                    wmma::load_matrix_sync(fb, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
+                    wmma::mma_sync(acc, fa, fb, acc);
+                }
                 wmma::load_matrix_sync(fa, Ws + 16 * k * kp + 16 * i, kp);
                 wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
                 wmma::mma_sync(neg, fa, fb, neg);
@@ -2678,7 +2704,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             int a = 16 * i + tr, c = 16 * j + tc;
             uint4 o = round8_bf16(dS + a * SCAN_PADF + c);
             *(uint4*)(dSb + a * SCAN_PADV + c) = o;
-            if (more) { *(uint4*)(dhstate + ((q - 1) * K + a) * V + v0 + c) = o; }
+            if (outs && more) { *(uint4*)(dhstate + ((q - 1) * K + a) * V + v0 + c) = o; }
         }
         __syncthreads(); // Qg and W are free
         if (more) { stage2(r0 - C); }
@@ -2686,8 +2712,42 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     }
     if (dS0) {
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            dS0[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dS[e / SCAN_BV * SCAN_PADF + e % SCAN_BV];
+            dS0[((long)blk * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dS[e / SCAN_BV * SCAN_PADF + e % SCAN_BV];
         }
+    }
+}
+
+// The pass over the groups of a two-level scan: X starts as X0 (or zero) and moves one group at a time,
+// X <- T[g] X + Bv[g] (T (K x K), Bv, X (K x V) fp32, indexed by bh * G + g); Xst[g] gets X before group g, X_end
+// (optional) the X after the last. rev: the groups from the last to the first (the backward). A block per (bh, 32
+// columns), fp32 throughout: G steps of a (K x K)(K x 32) product.
+__global__ void scan_groups_combine_kernel(float* Xst, float* X_end, const float* T, const float* Bv, const float* X0, int G,
+                                           int K, int V, int rev) {
+    extern __shared__ float xs[]; // (K, SCAN_BV) X, then (K, SCAN_BV) the next X
+    float* xn = xs + K * SCAN_BV;
+    int bh = blockIdx.x, v0 = blockIdx.y * SCAN_BV;
+    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+        xs[e] = X0 ? X0[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] : 0.0f;
+    }
+    __syncthreads();
+    for (int i = 0; i < G; i++) {
+        long blk = (long)bh * G + (rev ? G - 1 - i : i);
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            Xst[(blk * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = xs[e];
+        }
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
+            int a = e / SCAN_BV, c = e % SCAN_BV;
+            const float* t = T + (blk * K + a) * K;
+            float acc = Bv[(blk * K + a) * V + v0 + c];
+            for (int b = 0; b < K; b++) { acc += t[b] * xs[b * SCAN_BV + c]; }
+            xn[e] = acc;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) { xs[e] = xn[e]; }
+        __syncthreads();
+    }
+    for (int e = threadIdx.x; X_end && e < K * SCAN_BV; e += blockDim.x) {
+        X_end[((long)bh * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = xs[e];
     }
 }
 
@@ -3505,6 +3565,8 @@ struct MixerScratch {
     float *dq_s, *dkh_s, *dkt_s;
     PrecondBufs pc;                                 // diagonal preconditioner scan scratch (astat: the layer's)
     float* Of;                                      // (rows, V) O in fp32 where batched GEMMs make it (bf16, no WMMA scan)
+    float *gB, *gT, *gS;                            // two-level scans: (B H G, K, V) the groups' B, (B H G, K, K) their
+                                                    // transitions, (B H G, K, V) their start states (forward, then backward)
 };
 
 static size_t smem_scores_channel(const ChunkShape& s) { return (size_t)(4 * s.C + 3 * SUB) * (s.K + 1) * sizeof(float); }
@@ -3541,6 +3603,7 @@ static void mixer_kernel_setup(void) {
     int optin = 0;
     cudaCheck(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
     smem_optin = optin;
+    cudaCheck(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
     allow_dynamic_smem(conv_norm_forward_kernel<1>, optin);
     allow_dynamic_smem(conv_norm_forward_kernel<2>, optin);
     allow_dynamic_smem(conv_norm_forward_kernel<4>, optin);
@@ -3565,6 +3628,7 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(bwd_scores_scalar_tc_kernel, optin);
     allow_dynamic_smem(state_forward_wmma_kernel, optin);
     allow_dynamic_smem(state_backward_wmma_kernel, optin);
+    allow_dynamic_smem(scan_groups_combine_kernel, optin);
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
     allow_dynamic_smem(precond_exact_backward_kernel, optin);
@@ -3587,14 +3651,29 @@ static bool scores_scalar_fused(const ChunkShape& s) {
 // kernel lab's force flags), so the trainer decides it once, prints it, and allocates only the scratch it needs.
 struct MixerPlan {
     bool scan_wmma;     // tensor-core state scans that also make O (forward) and Pᵀ dO (backward); else SIMT + GEMMs
+    int scan_groups;    // chunk groups of the two-level scans (1: the sequential scan; ScanGroups)
     bool scores_fused;  // scalar / no decay: scores + (I + A)^-1 in one tensor-core kernel, and one for the backward
     bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
     bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
 };
+// Chunk groups for the tensor-core scans: enough (b, h, 32-column) blocks for two per multiprocessor, with at least 4
+// chunks a group; 1 where the sequential scan already fills the device (the 16 x 2048 training shape has 512 blocks).
+// scan_groups_on: the kernel lab's v3 sets it; the trainer keeps the sequential scan until v3 has been validated on a GPU.
+#ifndef ENABLE_FP32
+static int scan_groups_on = 0;
+static int scan_groups_for(const ChunkShape& s) {
+    int blocks = s.B * s.H * (s.V / SCAN_BV), want = 2 * num_sms;
+    if (!scan_groups_on || blocks >= want || s.NC < 8 || s.K % SCAN_BV != 0) { return 1; }
+    int G = std::min(cdiv(want, blocks), s.NC / 4), M = cdiv(s.NC, G);
+    return cdiv(s.NC, M);
+}
+#endif
 static MixerPlan mixer_plan(const ChunkShape& s) {
     MixerPlan p{};
+    p.scan_groups = 1;
 #ifndef ENABLE_FP32 // the fp32 build runs the exact SIMT / FMA kernels everywhere
     p.scan_wmma = scan_uses_wmma(s);
+    if (p.scan_wmma) { p.scan_groups = scan_groups_for(s); }
     p.scores_fused = scores_scalar_fused(s);
     p.scores_tc = scores_use_tc(s);
 #endif
@@ -3609,10 +3688,65 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
     const char* scores = s.gk > 1 ? (p.scores_tc ? "channel-decay scores on tensor cores" : "channel-decay scores by FMA (exact)")
                                   : (p.scores_fused ? "scores + inverse fused on tensor cores"
                                                     : "scores by batched GEMMs + mask, blocked inverse");
-    printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, pad, s.C,
-           p.scan_wmma ? "state scans on tensor cores (they make O and P^T dO too)" : "SIMT fp32 state scans + batched GEMMs",
-           scores, p.finish_rows ? "a warp per row" : "a block per chunk");
+    char scan[128];
+    snprintf(scan, sizeof scan, "%s%s", p.scan_wmma ? "state scans on tensor cores (they make O and P^T dO too)"
+                                                    : "SIMT fp32 state scans + batched GEMMs",
+             p.scan_groups > 1 ? ", two-level" : "");
+    if (p.scan_groups > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), " in %d chunk groups", p.scan_groups); }
+    printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, pad, s.C, scan, scores,
+           p.finish_rows ? "a warp per row" : "a block per chunk");
 }
+
+#ifndef ENABLE_FP32
+// The tensor-core scans over all chunks: sequential (ng = 1) or two-level in ng chunk groups (ScanGroups): the groups'
+// B and transitions, their start states, then every group's scan from its start state with the outputs.
+static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0, float* S_final, const ChunkShape& s, int ng) {
+    size_t sm = smem_scan_wmma_dir(s, 0);
+    int BH = s.B * s.H, nt = 32 * SCAN_WARPS_FWD, K = s.K, V = s.V;
+    if (ng <= 1) {
+        state_forward_wmma_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
+            sv->hstate, sv->Vn, sv->O, sv->W, sv->U, sv->Kd, sv->Qg, sv->P, sv->G, S0, S_final, s, SCAN_SEQ);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
+    int M = cdiv(s.NC, ng);
+    ChunkShape sk = s;
+    sk.V = K; // the transition's scan: a K x K state
+    state_forward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+        nullptr, nullptr, nullptr, sv->W, sv->U, sv->Kd, nullptr, nullptr, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
+    state_forward_wmma_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
+        nullptr, nullptr, nullptr, sv->W, nullptr, sv->Kd, nullptr, nullptr, sv->G, nullptr, sc->gT, sk,
+        ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
+    scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
+        sc->gS, S_final, sc->gT, sc->gB, S0, ng, K, V, 0);
+    state_forward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+        sv->hstate, sv->Vn, sv->O, sv->W, sv->U, sv->Kd, sv->Qg, sv->P, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
+    cudaCheck(cudaGetLastError());
+}
+static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const floatX* dO, const ChunkShape& s, int ng) {
+    size_t sm = smem_scan_wmma_dir(s, 1);
+    int BH = s.B * s.H, nt = 32 * SCAN_WARPS_BWD, K = s.K, V = s.V;
+    if (ng <= 1) {
+        state_backward_wmma_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
+            sc->dhstate, sc->dVn, sv->P, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, nullptr, s, SCAN_SEQ);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
+    int M = cdiv(s.NC, ng);
+    ChunkShape sk = s;
+    sk.V = K;
+    state_backward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+        nullptr, nullptr, sv->P, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
+    state_backward_wmma_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
+        nullptr, nullptr, nullptr, nullptr, sv->W, nullptr, sv->Kd, sv->G, nullptr, sc->gT, sk,
+        ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
+    scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
+        sc->gS, nullptr, sc->gT, sc->gB, nullptr, ng, K, V, 1);
+    state_backward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+        sc->dhstate, sc->dVn, sv->P, dO, sv->W, sv->Qg, sv->Kd, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
+    cudaCheck(cudaGetLastError());
+}
+#endif
 
 // Forward of the mixer core: Q (q̂ scaled), Kh (k̂), Kt (k̃), Vv, beta, g (null without decay) -> sv->O (and the
 // tensors the backward needs). S0 / S_final (B,H,K,V fp32) optional (generation).
@@ -3664,10 +3798,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     {
     PROF("mixer.fwd.scan");
 #ifndef ENABLE_FP32
-    if (o_done) {
-        state_forward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_FWD, smem_scan_wmma_dir(s, 0), main_stream>>>(
-            sv->hstate, sv->Vn, sv->O, sv->W, sv->U, sv->Kd, sv->Qg, sv->P, sv->G, S0, S_final, s);
-    } else
+    if (o_done) { state_forward_wmma(sv, sc, S0, S_final, s, p.scan_groups); } else
 #endif
     state_forward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_fwd(s), main_stream>>>(
         sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
@@ -3700,10 +3831,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     {
     PROF("mixer.bwd.scan");
 #ifndef ENABLE_FP32
-    if (wmma_scan) {
-        state_backward_wmma_kernel<<<dim3(s.B * s.H, V / SCAN_BV), 32 * SCAN_WARPS_BWD, smem_scan_wmma_dir(s, 1), main_stream>>>(
-            sc->dhstate, sc->dVn, sv->P, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
-    } else
+    if (wmma_scan) { state_backward_wmma(sc, sv, dO, s, p.scan_groups); } else
 #endif
     state_backward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_bwd(s), main_stream>>>(
         sc->dhstate, sc->dVn, sc->dVloc, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
@@ -3946,6 +4074,10 @@ static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, 
     if (!p.scan_wmma && sizeof(floatX) != sizeof(float)) { ar.add(&sc->Of, rows * V); }
     ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V);
     if (diag) { precond_scratch_add(ar, &sc->pc, nq, (int)K); }
+    if (p.scan_groups > 1) {
+        long bg = (long)s.B * s.H * p.scan_groups;
+        ar.add(&sc->gB, bg * K * V); ar.add(&sc->gT, bg * K * K); ar.add(&sc->gS, bg * K * V);
+    }
     if (!with_grads) { return; }
     if (!p.scan_wmma) { ar.add(&sc->dVloc, rows * V); }
     ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
