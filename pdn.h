@@ -458,25 +458,42 @@ static size_t header_finish(TextBuf* tb) {
     return total;
 }
 
-// Write the text-header file used for both checkpoints and state files:
-// header lines in `tb` (without crc/end), then `nbuf` buffers of data. Atomic.
-// Returns the CRC written (the state file records the model's CRC to pair the two files).
-static uint32_t write_headed_file(const char* path, TextBuf* tb, const void* const* bufs, const size_t* nbytes, int nbuf) {
+// The text-header file used for checkpoints, state and debug files: header lines in `tb` (without crc/end), then
+// `nbuf` buffers of data. headed_finish adds the crc32 and end lines and the padding and returns the CRC (the state
+// file records the model's CRC to pair the two files) and the header's size; headed_write_tmp writes the file to its
+// temporary (atomic_try_*), returning 0 or an errno value with the temporary removed.
+static uint32_t headed_finish(TextBuf* tb, const void* const* bufs, const size_t* nbytes, int nbuf, size_t* hbytes) {
     // the CRC covers the header text written so far (with header_bytes patched) and the data; the header size
     // depends on the crc line, so reserve it first with a fixed width and fill it in after computing the CRC
     size_t crc_pos = tb->len;
     tb_printf(tb, "crc32 00000000\nend\n");
-    size_t hbytes = header_finish(tb);
+    *hbytes = header_finish(tb);
     uint32_t crc = crc32_update(0, tb->s, crc_pos);
     for (int i = 0; i < nbuf; i++) { crc = crc32_update(crc, bufs[i], nbytes[i]); }
     char hex[16];
     snprintf(hex, sizeof hex, "%08x", crc);
     memcpy(tb->s + crc_pos + 6, hex, 8);
+    return crc;
+}
+
+static int headed_write_tmp(AtomicFile* af, const char* path, const TextBuf* tb, size_t hbytes, const void* const* bufs,
+                            const size_t* nbytes, int nbuf) {
+    int err = atomic_try_open(af, path);
+    if (!err) { err = atomic_try_write(af, tb->s, hbytes); }
+    for (int i = 0; i < nbuf && !err; i++) { err = atomic_try_write(af, bufs[i], nbytes[i]); }
+    if (!err) { err = atomic_try_finish(af); }
+    if (err) { atomic_discard(af); }
+    return err;
+}
+
+// the whole file, atomically; fails (exit 4) naming it. Returns its CRC.
+static uint32_t write_headed_file(const char* path, TextBuf* tb, const void* const* bufs, const size_t* nbytes, int nbuf) {
+    size_t hbytes;
+    uint32_t crc = headed_finish(tb, bufs, nbytes, nbuf, &hbytes);
     AtomicFile af;
-    atomic_open(&af, path);
-    fwriteCheck(tb->s, 1, hbytes, af.f);
-    for (int i = 0; i < nbuf; i++) { fwriteCheck(bufs[i], 1, nbytes[i], af.f); }
-    atomic_commit(&af);
+    int err = headed_write_tmp(&af, path, tb, hbytes, bufs, nbytes, nbuf);
+    if (!err) { err = atomic_try_rename(&af); }
+    if (err) { atomic_fail(&af, err); }
     return crc;
 }
 
@@ -595,27 +612,47 @@ static void tensor_shape_str(const PdnTensor* t, char* out, size_t n) {
     for (int k = 0; k < t->ndim; k++) { len += snprintf(out + len, n - len, k ? "x%d" : "%d", t->shape[k]); }
 }
 
+// a checkpoint's header lines (before the crc32 line) into tb
+static void pdn_checkpoint_header(TextBuf* tb, const PdnConfig* c, const PdnLayout* lay, const char* dtype, long step) {
+    tb_printf(tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nnum_params %zu\nstep %ld\n",
+              PDN_CKPT_MAGIC, PDN_CKPT_VERSION, dtype, lay->num_elems, lay->num_params, step);
+    pdn_config_to_header(c, tb);
+    char shape[64];
+    for (int i = 0; i < NUM_TENSORS; i++) {
+        const PdnTensor* t = &lay->t[i];
+        if (t->numel == 0) { continue; }
+        tensor_shape_str(t, shape, sizeof shape);
+        tb_printf(tb, "tensor %s %s offset %zu wd %d\n", t->name, shape, t->offset, t->wd);
+    }
+}
+
 // Write a checkpoint of the parameters (`params` holds num_elems elements of `dtype`, "f32"/"f64"/"bf16").
 // Returns its CRC.
 static uint32_t pdn_checkpoint_write(const char* path, const PdnConfig* c, const PdnLayout* lay,
                                      const void* params, const char* dtype, long step) {
     TextBuf tb;
     memset(&tb, 0, sizeof tb);
-    tb_printf(&tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nnum_params %zu\nstep %ld\n",
-              PDN_CKPT_MAGIC, PDN_CKPT_VERSION, dtype, lay->num_elems, lay->num_params, step);
-    pdn_config_to_header(c, &tb);
-    char shape[64];
-    for (int i = 0; i < NUM_TENSORS; i++) {
-        const PdnTensor* t = &lay->t[i];
-        if (t->numel == 0) { continue; }
-        tensor_shape_str(t, shape, sizeof shape);
-        tb_printf(&tb, "tensor %s %s offset %zu wd %d\n", t->name, shape, t->offset, t->wd);
-    }
+    pdn_checkpoint_header(&tb, c, lay, dtype, step);
     const void* bufs[1] = {params};
     size_t nb[1] = {lay->num_elems * dtype_size(dtype)};
     uint32_t crc = write_headed_file(path, &tb, bufs, nb, 1);
     free(tb.s);
     return crc;
+}
+
+// The first element of a flat buffer (num_elems reals, the layout's order) that is not finite: its index, or -1.
+// *tensor gets the name of the tensor holding it (NULL for alignment padding).
+static long pdn_find_nonfinite(const PdnLayout* lay, const real* x, const char** tensor) {
+    for (size_t i = 0; i < lay->num_elems; i++) {
+        if (isfinite(x[i])) { continue; }
+        *tensor = NULL;
+        for (int k = 0; k < NUM_TENSORS; k++) {
+            const PdnTensor* t = &lay->t[k];
+            if (t->numel && i >= t->offset && i < t->offset + t->numel) { *tensor = t->name; }
+        }
+        return (long)i;
+    }
+    return -1;
 }
 
 // Read a checkpoint: config, layout (checked against the stored tensor table) and parameters converted to
@@ -664,6 +701,14 @@ static long pdn_checkpoint_read(const char* path, PdnConfig* c, PdnLayout* lay, 
         else { (*params)[i] = (real)bf16_to_float(((uint16_t*)raw)[i]); }
     }
     free(raw);
+    // a diverged run's parameters (or ones this build's precision cannot hold) would only make NaNs
+    const char* tname;
+    long bad = pdn_find_nonfinite(lay, *params, &tname);
+    if (bad >= 0) {
+        fail(EXIT_BADFILE, "%s: parameter %s (flat element %ld) is %g: a checkpoint with non-finite values is refused "
+             "(it comes from a run that diverged, or was edited)\n  hint: use an earlier checkpoint", path,
+             tname ? tname : "(padding)", bad, (double)(*params)[bad]);
+    }
     long step = (long)header_get_ll(&h, "step", path);
     if (crc_out) { *crc_out = h.crc; }
     free(h.text);

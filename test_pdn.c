@@ -653,6 +653,22 @@ static int rewrite_header(const char* src, const char* dst, const char* from, co
     return ok;
 }
 
+// the training state and the AdamW moments of the checkpoint of `step` in dir (*m, *v: num_elems each, to free);
+// returns num_elems, from the model file's layout
+static size_t read_state_of(const char* dir, long step, TrainState* st, real** m, real** v) {
+    char mp[1100], sp[1100];
+    ckpt_paths(dir, step, mp, sp, sizeof mp);
+    PdnConfig c;
+    PdnLayout lay;
+    real* params;
+    pdn_checkpoint_read(mp, &c, &lay, &params, NULL);
+    free(params);
+    *m = (real*)mallocCheck(lay.num_elems * sizeof(real));
+    *v = (real*)mallocCheck(lay.num_elems * sizeof(real));
+    state_read(sp, st, *m, *v, lay.num_elems, REAL_DTYPE);
+    return lay.num_elems;
+}
+
 static void test_checkpoints_and_resume(void) {
     TestDir td;
     tdir_open(&td, "checkpoints");
@@ -696,17 +712,10 @@ static void test_checkpoints_and_resume(void) {
     // a 2-process run with one micro-batch each writes it (nproc 2, grad_accum 1) resumes here on 1 process with 2
     // accumulation steps and reproduces A; 2 processes x 2 accumulation steps (another batch per step) is refused
     {
-        snprintf(pa, sizeof pa, "%s/a/model_00000006.bin", base);
-        PdnConfig c6;
-        PdnLayout lay6;
-        real* p6;
-        pdn_checkpoint_read(pa, &c6, &lay6, &p6, NULL);
-        size_t ne = lay6.num_elems;
-        float* m6 = (float*)mallocCheck(ne * sizeof(float));
-        float* v6 = (float*)mallocCheck(ne * sizeof(float));
+        snprintf(pa, sizeof pa, "%s/a", base);
         TrainState st6;
-        snprintf(pa, sizeof pa, "%s/a/state_00000006.bin", base);
-        state_read(pa, &st6, m6, v6, ne, "f32");
+        real *m6, *v6;
+        size_t ne = read_state_of(pa, 6, &st6, &m6, &v6);
         for (int variant = 0; variant < 2; variant++) {
             snprintf(cmd, sizeof cmd, "rm -rf %s/n && mkdir -p %s/n && cp %s/a/model_00000006.bin %s/n/", base, base, base, base);
             CHECK(system(cmd) == 0, "copy failed");
@@ -714,7 +723,7 @@ static void test_checkpoints_and_resume(void) {
             st.nproc = 2;
             st.grad_accum = variant == 0 ? 1 : 2;
             snprintf(pb, sizeof pb, "%s/n/state_00000006.bin", base);
-            state_write(pb, &st, m6, v6, ne, "f32");
+            state_write(pb, &st, m6, v6, ne, REAL_DTYPE);
             snprintf(cmd, sizeof cmd, "./train_pdn %s -o %s/n -y 1", flags, base);
             rc = run_cmd(cmd, outbuf, sizeof outbuf);
             if (variant == 0) {
@@ -728,7 +737,7 @@ static void test_checkpoints_and_resume(void) {
                       rc, outbuf);
             }
         }
-        free(p6); free(m6); free(v6);
+        free(m6); free(v6);
         printf("  resume across process counts: a state written by 2 processes x 1 micro-batch continues on 1 process x 2 "
                "exactly; a different number of micro-batches per step is refused\n");
     }
@@ -2477,6 +2486,458 @@ static void run_dist_tests(void) {
 
 #include "test_hf.h"
 
+// ====================================================================================================
+// robustness of a training run (issue 17): no value that is not finite reaches a checkpoint, preemption by a signal,
+// checkpoint retention, the log after a resume, failed writes, logs a person can follow. Each test works in its own
+// mkdtemp directory, removed when its checks pass.
+
+// a fresh directory /tmp/pdn_<tag>_XXXXXX into dir
+static int test_dir_new(char* dir, size_t n, const char* tag) {
+    snprintf(dir, n, "/tmp/pdn_%s_XXXXXX", tag);
+    int ok = mkdtemp(dir) != NULL;
+    CHECK(ok, "mkdtemp %s: %s", dir, strerror(errno));
+    return ok;
+}
+
+// removes dir if no check has failed since `fails_before` (else it stays, for a look)
+static void test_dir_done(const char* dir, int fails_before) {
+    char cmd[1200];
+    if (n_fail != fails_before) { printf("  (kept %s for inspection)\n", dir); return; }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0, "cannot remove %s", dir);
+}
+
+// every value stored in a checkpoint or state file (f32 or f64 data after its header) is finite; 1 if so (or if the
+// file does not exist), read without the trainer's own checks
+static int file_values_finite(const char* path) {
+    FILE* f = fopen(path, "rb");
+    if (!f) { return 1; }
+    char head[4096];
+    size_t got = fread(head, 1, sizeof head - 1, f);
+    head[got] = 0;
+    char* hb = strstr(head, "header_bytes ");
+    char* dt = strstr(head, "dtype ");
+    long off = hb ? atol(hb + 13) : 0;
+    int f64 = dt && strncmp(dt + 6, "f64", 3) == 0, ok = hb && dt && off > 0;
+    fseek(f, off, SEEK_SET);
+    double x;
+    float xf;
+    while (ok && (f64 ? fread(&x, 8, 1, f) : fread(&xf, 4, 1, f)) == 1) { ok = isfinite(f64 ? x : (double)xf); }
+    fclose(f);
+    return ok;
+}
+
+// the number of checkpoint files (model_* and state_*) in dir, and whether all of their values are finite
+static int dir_checkpoints(const char* dir, int* all_finite) {
+    DIR* d = opendir(dir);
+    int n = 0;
+    *all_finite = 1;
+    struct dirent* e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (ckpt_file_step(e->d_name) < 0) { continue; }
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        n++;
+        *all_finite &= file_values_finite(p);
+    }
+    if (d) { closedir(d); }
+    return n;
+}
+
+// a copy of checkpoint `src` with tensor `t` multiplied by `scale` (or element `elem` of it set to `value` when
+// elem >= 0), written with a fresh CRC: a well-formed file holding what a diverging run could leave
+static void edit_checkpoint(const char* src, const char* dst, int t, double scale, long elem, double value) {
+    PdnConfig c;
+    PdnLayout lay;
+    real* p;
+    long step = pdn_checkpoint_read(src, &c, &lay, &p, NULL);
+    real* x = p + lay.t[t].offset;
+    if (elem >= 0) { x[elem] = (real)value; }
+    else { for (size_t i = 0; i < lay.t[t].numel; i++) { x[i] = (real)(x[i] * scale); } }
+    pdn_checkpoint_write(dst, &c, &lay, p, REAL_DTYPE, step);
+    free(p);
+}
+
+#define RUN17 "--preset pgdn-tiny -b 4 -t 32 --mqar-pairs 4 -v 0 -m 1"
+
+// Item 1. A loss that is finite with a gradient norm that is not (so `norm > clip` is false): the NaN update must not
+// be applied and nothing non-finite written. The issue's recipe (attn_norm x 1e35, CRC fixed, -x 3 -n 1) keeps the
+// gradient finite on this CPU, where the norms absorb the scale; a_log_p x 1e8 (the preconditioner's decay: A =
+// exp(a_log_p) overflows to inf, the forward's decay becomes exactly 0 and the backward makes 0 * inf = NaN) gives a
+// finite loss and a NaN norm under any IEEE arithmetic. Both must end with only finite checkpoints.
+static void test_nonfinite(void) {
+    int f0 = n_fail;
+    char d[256], cmd[2048], p[1200], q[1200];
+    if (!test_dir_new(d, sizeof d, "nonfinite")) { return; }
+    snprintf(cmd, sizeof cmd, "./train_pdn " RUN17 " -x 1 -o %s/base", d);
+    CHECK(run_cmd(cmd, outbuf, sizeof outbuf) == 0, "base run failed:\n%s", outbuf);
+    snprintf(p, sizeof p, "%s/base/model_00000001.bin", d);
+    snprintf(q, sizeof q, "%s/alp.bin", d);
+    edit_checkpoint(p, q, T_A_LOGP, 1e8, -1, 0);
+    snprintf(q, sizeof q, "%s/attn.bin", d);
+    edit_checkpoint(p, q, T_ATTN_NORM, 1e35, -1, 0);
+    int finite, rc;
+    // the issue's case: whatever happens, no checkpoint with a NaN
+    snprintf(cmd, sizeof cmd, "./train_pdn " RUN17 " -e %s/attn.bin -x 3 -n 1 -o %s/issue", d, d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    snprintf(p, sizeof p, "%s/issue", d);
+    int nfiles = dir_checkpoints(p, &finite);
+    CHECK((rc == 0 || rc == EXIT_NUMERIC) && finite, "attn_norm x 1e35, -x 3 -n 1: rc %d, %d checkpoint files, all finite: %d\n%s",
+          rc, nfiles, finite, outbuf);
+    // finite loss, NaN norm: stops at step 1 (exit 3) saying why, with nothing written
+    snprintf(cmd, sizeof cmd, "./train_pdn " RUN17 " -e %s/alp.bin -x 3 -n 1 -o %s/stop", d, d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    snprintf(p, sizeof p, "%s/stop", d);
+    nfiles = dir_checkpoints(p, &finite);
+    CHECK(rc == EXIT_NUMERIC && strstr(outbuf, "step 1: loss 4.") && strstr(outbuf, "gradient norm") && nfiles == 0,
+          "a_log_p x 1e8 (finite loss, NaN norm): expected exit 3 at step 1 and no checkpoint; rc %d, %d files:\n%s", rc,
+          nfiles, outbuf);
+    // --skip-nonfinite 3: the three steps are skipped (their updates dropped: the parameters stay those loaded)
+    snprintf(cmd, sizeof cmd, "./train_pdn " RUN17 " -e %s/alp.bin -x 3 -n 1 -o %s/skip --skip-nonfinite 3", d, d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    snprintf(p, sizeof p, "%s/skip", d);
+    nfiles = dir_checkpoints(p, &finite);
+    int same = 0;
+    if (rc == 0) {
+        PdnConfig c1, c2;
+        PdnLayout l1, l2;
+        real *p1, *p2;
+        snprintf(p, sizeof p, "%s/alp.bin", d);
+        pdn_checkpoint_read(p, &c1, &l1, &p1, NULL);
+        snprintf(p, sizeof p, "%s/skip/model_00000003.bin", d);
+        pdn_checkpoint_read(p, &c2, &l2, &p2, NULL);
+        same = memcmp(p1, p2, l1.num_elems * sizeof(real)) == 0;
+        free(p1); free(p2);
+    }
+    CHECK(rc == 0 && nfiles == 6 && finite && same && strstr(outbuf, "step 3 skipped") && strstr(outbuf, "3 in a row"),
+          "--skip-nonfinite 3: rc %d, %d files, finite %d, parameters unchanged %d:\n%s", rc, nfiles, finite, same, outbuf);
+    // --skip-nonfinite 2: the third in a row stops the run; steps 1 and 2 were saved
+    snprintf(cmd, sizeof cmd, "./train_pdn " RUN17 " -e %s/alp.bin -x 3 -n 1 -o %s/skip2 --skip-nonfinite 2", d, d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    snprintf(p, sizeof p, "%s/skip2", d);
+    nfiles = dir_checkpoints(p, &finite);
+    CHECK(rc == EXIT_NUMERIC && nfiles == 4 && finite && strstr(outbuf, "step 3: loss") && strstr(outbuf, "newest checkpoint is step 2"),
+          "--skip-nonfinite 2: expected exit 3 at step 3 with steps 1-2 saved; rc %d, %d files:\n%s", rc, nfiles, outbuf);
+    printf("  a finite loss with a NaN gradient norm (a_log_p x 1e8): exit 3 at step 1 and no checkpoint; --skip-nonfinite 3 "
+           "drops the 3 updates (parameters unchanged, checkpoints finite), --skip-nonfinite 2 stops at the third; the "
+           "issue's attn_norm x 1e35 leaves only finite checkpoints\n");
+
+    // non-finite values in a file are refused with that reason: -e, --generate, -y 1, and a state file's moments
+    snprintf(p, sizeof p, "%s/base/model_00000001.bin", d);
+    snprintf(q, sizeof q, "%s/nan.bin", d);
+    edit_checkpoint(p, q, T_ATTN_NORM, 1, 3, NAN);
+    struct { const char* args; const char* expect; } load[] = {
+        {"-e %s/nan.bin --generate 2 --prompt 1", "attn_norm (flat element"},
+        {"-e %s/nan.bin -x 2", "non-finite values is refused"},
+    };
+    for (size_t i = 0; i < sizeof(load) / sizeof(load[0]); i++) {
+        char args[1024];
+        snprintf(args, sizeof args, load[i].args, d);
+        snprintf(cmd, sizeof cmd, "./train_pdn %s", args);
+        rc = run_cmd(cmd, outbuf, sizeof outbuf);
+        CHECK(rc == EXIT_BADFILE && strstr(outbuf, load[i].expect), "'%s': expected exit 2 with '%s', rc %d:\n%s", args,
+              load[i].expect, rc, outbuf);
+    }
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/res && cp %s/nan.bin %s/res/model_00000001.bin && cp %s/base/state_00000001.bin %s/res/ "
+             "&& ./train_pdn " RUN17 " -x 2 -y 1 -o %s/res", d, d, d, d, d, d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == EXIT_BADFILE && strstr(outbuf, "non-finite values is refused"), "-y 1 on a NaN checkpoint: rc %d:\n%s", rc, outbuf);
+    {
+        snprintf(p, sizeof p, "%s/base", d);
+        TrainState st;
+        real *m1, *v1;
+        size_t ne = read_state_of(p, 1, &st, &m1, &v1);
+        v1[ne / 2] = (real)INFINITY;
+        snprintf(cmd, sizeof cmd, "mkdir -p %s/inf && cp %s/base/model_00000001.bin %s/inf/", d, d, d);
+        CHECK(system(cmd) == 0, "copy failed");
+        snprintf(p, sizeof p, "%s/inf/state_00000001.bin", d);
+        state_write(p, &st, m1, v1, ne, REAL_DTYPE);
+        snprintf(cmd, sizeof cmd, "./train_pdn " RUN17 " -x 2 -y 1 -o %s/inf", d);
+        rc = run_cmd(cmd, outbuf, sizeof outbuf);
+        CHECK(rc == EXIT_BADFILE && strstr(outbuf, "AdamW moment v element"), "-y 1 with an inf moment: rc %d:\n%s", rc, outbuf);
+        free(m1); free(v1);
+    }
+    printf("  a NaN parameter (-e, --generate, -y 1) and an inf AdamW moment (-y 1) are refused with that reason, exit 2\n");
+
+    // an update that overflows although the norm is finite (g = 1e20, no clipping: g*g = 1e40 > FLT_MAX): AdamW
+    // reports it (the trainer then stops with exit 3); an ordinary update reports nothing
+    {
+        PdnConfig c = small_config("pgdn", 0, 1);
+        Model m;
+        model_init(&m, &c, 4, 1);
+        randomize_params(&m);
+        for (size_t i = 0; i < m.lay.num_elems; i++) { m.grads[i] = R(1e-3); }
+        long ok = adamw_update(&m, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1, R(1));
+        m.grads[m.lay.t[T_WQ].offset] = R(1e20);
+        long bad = adamw_update(&m, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 2, R(1));
+#ifdef PDN_DOUBLE
+        bad = 1; // 1e40 is finite in double: nothing to catch
+#endif
+        CHECK(ok == 0 && bad >= 1, "AdamW's non-finite count: %ld for an ordinary update (want 0), %ld after g = 1e20", ok, bad);
+        model_free(&m);
+    }
+    test_dir_done(d, f0);
+}
+
+// a trainer in the background: its pid; stdout and stderr to `out` (or, with pipefd, stdout to a pipe)
+static pid_t spawn_trainer(const char* args, const char* out, int* pipefd) {
+    int fds[2] = {-1, -1};
+    if (pipefd && pipe(fds) != 0) { return -1; }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fo = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0) { _exit(127); }
+        dup2(pipefd ? fds[1] : fo, 1);
+        dup2(fo, 2);
+        if (pipefd) { close(fds[0]); }
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "exec ./train_pdn %s", args);
+        execl("/bin/sh", "sh", "-c", cmd, (char*)NULL);
+        _exit(127);
+    }
+    if (pipefd) { close(fds[1]); *pipefd = fds[0]; }
+    return pid;
+}
+
+// the number of step lines ("s:N trl:") in dir/main.log
+static int log_steps(const char* dir) {
+    char path[1300], line[512];
+    snprintf(path, sizeof path, "%s/main.log", dir);
+    FILE* f = fopen(path, "r");
+    int n = 0;
+    while (f && fgets(line, sizeof line, f)) { n += strstr(line, " trl:") != NULL; }
+    if (f) { fclose(f); }
+    return n;
+}
+
+// waits until dir/main.log has `steps` step lines (1) or the process ends or `seconds` pass (0)
+static int wait_log_steps(pid_t pid, const char* dir, int steps, double seconds) {
+    double end = wall_seconds() + seconds;
+    while (wall_seconds() < end) {
+        if (log_steps(dir) >= steps) { return 1; }
+        if (waitpid(pid, NULL, WNOHANG) == pid) { return 0; }
+        dist_sleep_ms(10);
+    }
+    return 0;
+}
+
+// Item 2. A SIGTERM to a running CPU training: it finishes the step, writes a checkpoint and exits 6; -y 1 continues
+// and the result is the uninterrupted run's, losses (every step once in main.log) and final files byte for byte.
+// SIGINT stops it the same way. A second signal ends it at once (killed by the signal, no checkpoint): to make the two
+// arrive one after the other whatever the timing, the process is stopped (SIGSTOP), sent SIGUSR1 and SIGTERM, and
+// continued: the handler of the first runs, then that of the second.
+static void test_preemption(void) {
+    int f0 = n_fail;
+    char d[256], cmd[2048], args[1200], pa[1200], pb[1200];
+    if (!test_dir_new(d, sizeof d, "preempt")) { return; }
+    const char* flags = RUN17 " -d 256 -x 40";
+    snprintf(cmd, sizeof cmd, "./train_pdn %s -o %s/a", flags, d);
+    CHECK(run_cmd(cmd, outbuf, sizeof outbuf) == 0, "uninterrupted run failed:\n%s", outbuf);
+    snprintf(args, sizeof args, "%s -o %s/b", flags, d);
+    snprintf(pa, sizeof pa, "%s/b.out", d);
+    snprintf(pb, sizeof pb, "%s/b", d);
+    pid_t pid = spawn_trainer(args, pa, NULL);
+    int started = wait_log_steps(pid, pb, 3, 600);
+    kill(pid, SIGTERM);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    read_text_file(pa, outbuf, sizeof outbuf);
+    long stopped = -1;
+    char* s = strstr(outbuf, "stopped by SIGTERM after step ");
+    if (s) { stopped = atol(s + strlen("stopped by SIGTERM after step ")); }
+    char mp[1300], sp[1300];
+    ckpt_paths(pb, stopped, mp, sp, sizeof mp);
+    CHECK(started && WIFEXITED(st) && WEXITSTATUS(st) == EXIT_STOPPED && stopped >= 3 && stopped < 40 && file_exists(mp) &&
+          file_exists(sp), "SIGTERM after step 3: expected exit %d with the checkpoint of the step it stopped at; status %d, "
+          "stopped at %ld:\n%s", EXIT_STOPPED, st, stopped, outbuf);
+    snprintf(cmd, sizeof cmd, "./train_pdn %s -o %s/b -y 1", flags, d);
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    snprintf(pa, sizeof pa, "%s/a", d);
+    log_losses(pa, 1, 40, la, sizeof la);
+    log_losses(pb, 1, 40, lb, sizeof lb);
+    CHECK(rc == 0 && la[0] && strcmp(la, lb) == 0, "stopped at %ld and resumed: losses differ from the uninterrupted run (rc %d):\n"
+          "%s---\n%s", stopped, rc, la, lb);
+    snprintf(pa, sizeof pa, "%s/a/model_00000040.bin", d); snprintf(mp, sizeof mp, "%s/b/model_00000040.bin", d);
+    snprintf(sp, sizeof sp, "%s/a/state_00000040.bin", d); snprintf(args, sizeof args, "%s/b/state_00000040.bin", d);
+    CHECK(files_equal(pa, mp) && files_equal(sp, args), "stopped at %ld and resumed: the final checkpoint differs", stopped);
+    printf("  SIGTERM at step %ld of 40: exit %d with its checkpoint; -y 1 gives the uninterrupted run's losses and final "
+           "files byte for byte\n", stopped, EXIT_STOPPED);
+
+    // SIGINT (Ctrl-C) the same way
+    snprintf(args, sizeof args, "%s -o %s/c", flags, d);
+    snprintf(pa, sizeof pa, "%s/c.out", d);
+    snprintf(pb, sizeof pb, "%s/c", d);
+    pid = spawn_trainer(args, pa, NULL);
+    started = wait_log_steps(pid, pb, 1, 600);
+    kill(pid, SIGINT);
+    waitpid(pid, &st, 0);
+    read_text_file(pa, outbuf, sizeof outbuf);
+    int nfiles, finite;
+    nfiles = dir_checkpoints(pb, &finite);
+    CHECK(started && WIFEXITED(st) && WEXITSTATUS(st) == EXIT_STOPPED && strstr(outbuf, "stopped by SIGINT") && nfiles == 2,
+          "SIGINT: status %d, %d checkpoint files:\n%s", st, nfiles, outbuf);
+
+    // two signals: the second ends the process at once, with no checkpoint
+    snprintf(args, sizeof args, RUN17 " -d 256 -x 100000 -o %s/e", d);
+    snprintf(pa, sizeof pa, "%s/e.out", d);
+    snprintf(pb, sizeof pb, "%s/e", d);
+    pid = spawn_trainer(args, pa, NULL);
+    started = wait_log_steps(pid, pb, 1, 600);
+    kill(pid, SIGSTOP);
+    kill(pid, SIGUSR1);
+    kill(pid, SIGTERM);
+    kill(pid, SIGCONT);
+    double t0 = wall_seconds();
+    waitpid(pid, &st, 0);
+    read_text_file(pa, outbuf, sizeof outbuf);
+    nfiles = dir_checkpoints(pb, &finite);
+    CHECK(started && WIFSIGNALED(st) && (WTERMSIG(st) == SIGTERM || WTERMSIG(st) == SIGUSR1) && nfiles == 0 &&
+          strstr(outbuf, "signal received") && strstr(outbuf, "second signal"), "two signals: expected death by the second "
+          "without a checkpoint; status %d, %d checkpoint files:\n%s", st, nfiles, outbuf);
+    printf("  SIGINT stops the same way; a second signal (SIGUSR1 then SIGTERM) ends the run at once (%.2f s), without a "
+           "checkpoint\n", wall_seconds() - t0);
+    test_dir_done(d, f0);
+}
+
+// Item 3. --keep-last, the log after a resume, and writes that fail (to /dev/full: a full disk, even for root).
+static void test_checkpoint_files(void) {
+    int f0 = n_fail;
+    char d[256], cmd[2048], p[1200];
+    if (!test_dir_new(d, sizeof d, "ckfiles")) { return; }
+    const char* flags = RUN17 " -d 256";
+    // --keep-last 2 over -n 2: the newest two complete pairs stay, a crash's lone older file goes, a later run's pair
+    // (step 100, after this run's last) stays; a resume then continues from the newest
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/k && echo x > %s/k/state_00000001.bin && echo x > %s/k/model_00000100.bin && "
+             "echo x > %s/k/state_00000100.bin && ./train_pdn %s -x 10 -n 2 --keep-last 2 -o %s/k && ls %s/k | tr '\\n' ' '",
+             d, d, d, d, flags, d, d);
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 0 && strstr(outbuf, "main.log model_00000008.bin model_00000010.bin model_00000100.bin state_00000008.bin "
+          "state_00000010.bin state_00000100.bin "), "--keep-last 2: rc %d, files:\n%s", rc, outbuf);
+    snprintf(cmd, sizeof cmd, "rm %s/k/*_00000100.bin && ./train_pdn %s -x 12 -n 2 --keep-last 2 -o %s/k -y 1 && ls %s/k | tr '\\n' ' '",
+             d, flags, d, d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 0 && strstr(outbuf, "model_00000010.bin") && strstr(outbuf, "main.log model_00000010.bin model_00000012.bin "
+          "state_00000010.bin state_00000012.bin"), "--keep-last 2, resumed to 12: rc %d:\n%s", rc, outbuf);
+    printf("  --keep-last 2: the newest two pairs stay (a lone older file goes, a later run's pair stays); -y 1 continues\n");
+
+    // after a resume main.log holds every step once: resume at 6 of a run that had logged 12
+    snprintf(cmd, sizeof cmd, "./train_pdn %s -x 12 -n 6 -o %s/t && rm %s/t/*_00000012.bin && ./train_pdn %s -x 12 -n 6 -o %s/t -y 1",
+             flags, d, d, flags, d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    snprintf(p, sizeof p, "%s/t", d);
+    int each_once = 1;
+    for (int step = 1; step <= 12; step++) {
+        char path[1300], line[512], want[32];
+        snprintf(path, sizeof path, "%s/main.log", p);
+        snprintf(want, sizeof want, "s:%d trl:", step);
+        FILE* f = fopen(path, "r");
+        int n = 0;
+        while (f && fgets(line, sizeof line, f)) { n += strncmp(line, want, strlen(want)) == 0; }
+        if (f) { fclose(f); }
+        each_once &= n == 1;
+    }
+    // (dropped: the step lines of 7-12 and the evaluation of step 12)
+    CHECK(rc == 0 && each_once && log_steps(p) == 12 && strstr(outbuf, "dropped 7 lines"), "main.log after resuming at step 6 of "
+          "12: rc %d, %d step lines (want 12, each step once):\n%s", rc, log_steps(p), outbuf);
+    printf("  resuming at step 6 of a run that logged 12: main.log keeps steps 1-6 and holds every step once\n");
+
+    if (!file_exists("/dev/full")) {
+        printf("  (no /dev/full: the failed-write checks are skipped)\n");
+        test_dir_done(d, f0);
+        return;
+    }
+    // a log that cannot be written ends the run (exit 4) naming it
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/f && ln -s /dev/full %s/f/main.log && ./train_pdn %s -x 2 -o %s/f", d, d, flags, d);
+    rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == EXIT_SYSTEM && strstr(outbuf, "main.log") && strstr(outbuf, "No space left"), "main.log on a full disk: rc %d:\n%s",
+          rc, outbuf);
+    // a checkpoint file that cannot be written: named, its temporary removed, the previous pair kept as the newest
+    const char* which[2] = {"model", "state"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "mkdir -p %s/w%d && ln -s /dev/full %s/w%d/%s_00000004.bin.tmp && ./train_pdn %s -x 4 -n 2 -o %s/w%d",
+                 d, k, d, k, which[k], flags, d, k);
+        rc = run_cmd(cmd, outbuf, sizeof outbuf);
+        char want[64], dir[1200];
+        snprintf(want, sizeof want, "%s_00000004.bin'", which[k]);
+        snprintf(dir, sizeof dir, "%s/w%d", d, k);
+        snprintf(cmd, sizeof cmd, "ls %s | tr '\\n' ' '", dir);
+        char listing[4096];
+        run_cmd(cmd, listing, sizeof listing);
+        CHECK(rc == EXIT_SYSTEM && strstr(outbuf, want) && strstr(outbuf, "No space left") &&
+              strcmp(listing, "main.log model_00000002.bin state_00000002.bin ") == 0,
+              "the %s file of step 4 on a full disk: rc %d, files '%s':\n%s", which[k], rc, listing, outbuf);
+        snprintf(cmd, sizeof cmd, "./train_pdn %s -x 4 -n 2 -o %s -y 1", flags, dir);
+        rc = run_cmd(cmd, outbuf, sizeof outbuf);
+        CHECK(rc == 0 && strstr(outbuf, "model_00000002.bin"), "resume after the failed write of step 4: rc %d:\n%s", rc, outbuf);
+    }
+    printf("  writes to a full disk: main.log ends the run (exit 4); a failed model or state file is named, both temporaries "
+           "go, step 2's pair stays the newest and -y 1 continues from it\n");
+    test_dir_done(d, f0);
+}
+
+// Item 9. Output a person can follow: stdout line-buffered into a pipe, an ETA from the recent steps, --help.
+static void test_logs(void) {
+    int f0 = n_fail;
+    char d[256], args[1200], out[1300];
+    if (!test_dir_new(d, sizeof d, "logs")) { return; }
+    // Into a pipe every step line must be written when it is printed, before its main.log twin: stop the trainer
+    // once the log has 3 steps, and the pipe must already hold at least as many step lines (a buffered stdout holds
+    // none yet: the box and ~45 step lines fill its first 4 KiB).
+    snprintf(args, sizeof args, RUN17 " -x 100000 -o %s/p", d);
+    snprintf(out, sizeof out, "%s/p.err", d);
+    int fd = -1;
+    pid_t pid = spawn_trainer(args, out, &fd);
+    snprintf(out, sizeof out, "%s/p", d);
+    int started = wait_log_steps(pid, out, 3, 600);
+    kill(pid, SIGSTOP);
+    int logged = log_steps(out);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    size_t n = 0;
+    ssize_t r;
+    while ((r = read(fd, outbuf + n, sizeof outbuf - 1 - n)) > 0) { n += (size_t)r; }
+    outbuf[n] = 0;
+    int piped = 0;
+    for (char* s = outbuf; (s = strstr(s, "\nstep ")) != NULL; s++) { piped += strchr(s + 1, '\n') != NULL; }
+    kill(pid, SIGKILL);
+    kill(pid, SIGCONT);
+    waitpid(pid, NULL, 0);
+    close(fd);
+    CHECK(started && logged >= 3 && piped >= logged, "stdout into a pipe: %d step lines had arrived when main.log had %d "
+          "(line buffering: at least as many)", piped, logged);
+    // the ETA's time per step follows the recent steps: after 100 steps of 1 s and 30 of 0.1 s it is 0.1 s
+    StepTimes t;
+    memset(&t, 0, sizeof t);
+    double m0 = step_times_mean(&t);
+    for (int i = 0; i < 100; i++) { step_times_add(&t, 1.0); }
+    double m1 = step_times_mean(&t);
+    for (int i = 0; i < 30; i++) { step_times_add(&t, 0.1); }
+    double m2 = step_times_mean(&t);
+    CHECK(m0 == 0 && fabs(m1 - 1.0) < 1e-12 && fabs(m2 - 0.1) < 1e-12, "ETA step time: %g, %g, %g (want 0, 1, 0.1; the "
+          "mean of all steps would give %g)", m0, m1, m2, (100 + 3.0) / 130);
+    // --help lists --mqar-len and says each default once
+    int rc = run_cmd("./train_pdn --help", outbuf, sizeof outbuf);
+    int twice = 0;
+    for (char* line = outbuf; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        char* a = strstr(line, "(default");
+        char* e = strchr(line, '\n');
+        if (a && (!e || a < e)) { char* b = strstr(a + 1, "(default"); twice |= b && (!e || b < e); }
+    }
+    CHECK(rc == 0 && strstr(outbuf, "--mqar-len") && !twice, "--help: rc %d, lists --mqar-len: %d, a line with two defaults: %d",
+          rc, strstr(outbuf, "--mqar-len") != NULL, twice);
+    printf("  stdout into a pipe: %d step lines there when main.log had %d; the ETA uses the last %d steps; --help lists "
+           "--mqar-len, one default per line\n", piped, logged, STEP_WINDOW);
+    test_dir_done(d, f0);
+}
+
+static void run_robustness_tests(void) {
+    printf("a run's robustness (issue 17):\n");
+    test_nonfinite();
+    test_preemption();
+    test_checkpoint_files();
+    test_logs();
+}
+
 static void run_float_tests(void) {
     printf("chunkwise vs per-token mixer (fp32):\n");
     test_chunk_vs_token_fp32();
@@ -2496,6 +2957,7 @@ static void run_float_tests(void) {
     test_count_params();
     printf("checkpoints, resume, determinism:\n");
     test_checkpoints_and_resume();
+    run_robustness_tests();
     printf("command line:\n");
     test_cli_errors();
     test_compare_tool();

@@ -12,6 +12,7 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
 
 #include <dirent.h>
 #include <limits.h>
+#include <signal.h>
 #include "pdn.h"
 #include "mqar.h"
 #include "tokenizer.h"
@@ -39,6 +40,7 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
     X(F, beta2,         NULL, "--beta2",        "0.95", "AdamW beta2") \
     X(F, adam_eps,      NULL, "--adam-eps",     "1e-8", "AdamW epsilon") \
     X(F, grad_clip,     NULL, "--grad-clip",    "1.0",  "clip the global gradient norm to this (0: off)") \
+    X(I, skip_nonfinite,NULL, "--skip-nonfinite","0",   "skip up to N steps in a row whose loss or gradient norm is not finite (0: stop at the first, exit 3)") \
     X(L, seed,          NULL, "--seed",         "1337", "seed for init, data and sampling") \
     X(S, mixer,         NULL, "--mixer",        "chunk","mixer form: chunk (MODEL.md §4) | token (MODEL.md §3)") \
     X(I, chunk,         NULL, "--chunk",        "64",   "chunk size of the chunkwise mixer") \
@@ -48,6 +50,7 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
     X(I, gen_tokens,    "-g", "--gen-tokens",   "64",   "tokens per sample (-s)") \
     X(S, out_dir,       "-o", "--out-dir",      "",     "output directory: log, checkpoints, state") \
     X(I, ckpt_every,    "-n", "--ckpt-every",   "0",    "checkpoint every N steps (0: only at the end, if -o)") \
+    X(I, keep_last,     NULL, "--keep-last",    "0",    "keep only the newest N checkpoints in -o (0: all of them)") \
     X(I, resume,        "-y", "--resume",       "0",    "1: resume from the latest checkpoint in -o") \
     X(S, init_ckpt,     "-e", "--init",         "",     "start from this checkpoint (its config wins)") \
     X(I, generate,      NULL, "--generate",     "0",    "with -e: generate N tokens from --prompt and exit") \
@@ -62,7 +65,7 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
     X(I, world_size,    NULL, "--world-size",   "0",    "GPU trainer: processes in the job (0: the launcher's environment, else 1)") \
     X(I, rank,          NULL, "--rank",         "-1",   "GPU trainer: this process's rank (-1: the launcher's environment)") \
     X(I, local_rank,    NULL, "--local-rank",   "-1",   "GPU trainer: this process's GPU on its node (-1: launcher's, else rank % GPUs)") \
-    X(S, dist_host,     NULL, "--dist-host",    "",     "GPU trainer, TCP rendezvous: rank 0's host (default $MASTER_ADDR)") \
+    X(S, dist_host,     NULL, "--dist-host",    "",     "GPU trainer, TCP rendezvous: rank 0's host; none: $MASTER_ADDR") \
     X(I, dist_port,     NULL, "--dist-port",    "0",    "GPU trainer, TCP rendezvous: rank 0's port (0: $MASTER_PORT, else 29500)") \
     X(S, dist_dir,      NULL, "--dist-dir",     "",     "GPU trainer, file rendezvous: a directory all processes share (one per job)") \
     X(I, dist_timeout,  NULL, "--dist-timeout", "600",  "GPU trainer: seconds a rendezvous or a step may wait for the other processes")
@@ -134,6 +137,7 @@ static void print_usage(const char* prog) {
         snprintf(fl, sizeof fl, "%s%s%s", f->sflag ? f->sflag : "", f->sflag ? ", " : "", f->lflag);
         printf("  %-28s %s (default %s)\n", fl, f->help, f->def[0] ? f->def : "none");
     }
+    printf("  %-28s %s\n", "--mqar-len N", "the MQAR example length: the same as -t");
     printf("  %-28s %s\n\n", "--count-params", "print the parameter count (last line) and exit");
     pdn_list_presets(stdout);
 }
@@ -244,8 +248,9 @@ static void train_config_check(TrainConfig* tc, int nproc) {
                 tc->lr * (float)tc->steps / (float)tc->warmup, tc->lr);
     }
     if (tc->val_every < 0 || tc->val_batches < -1 || tc->ckpt_every < 0 || tc->gen_tokens < 0 || tc->generate < 0 ||
-        tc->sample_every < 0) {
-        fail(EXIT_USAGE, "-v, -m, -n, -g, -s and --generate must be >= 0 (-m -1: the whole validation split)");
+        tc->sample_every < 0 || tc->keep_last < 0 || tc->skip_nonfinite < 0) {
+        fail(EXIT_USAGE, "-v, -m, -n, -g, -s, --generate, --keep-last and --skip-nonfinite must be >= 0 (-m -1: the whole "
+             "validation split)");
     }
     if (tc->val[0] && !tc->train[0]) {
         fail(EXIT_USAGE, "-j (validation shards) needs -i (training shards): without -i the task is MQAR");
@@ -361,15 +366,20 @@ typedef struct {
     uint64_t data[DATA_STATE_MAX];
 } TrainState;
 
-static void state_write(const char* path, const TrainState* s, const void* m, const void* v, size_t num_elems, const char* dtype) {
-    TextBuf tb;
-    memset(&tb, 0, sizeof tb);
-    tb_printf(&tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nstep %ld\nmodel_crc %08x\n"
+// a state file's header lines (before the crc32 line) into tb
+static void state_header(TextBuf* tb, const TrainState* s, size_t num_elems, const char* dtype) {
+    tb_printf(tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nstep %ld\nmodel_crc %08x\n"
               "batch %d\nseq_len %d\ngrad_accum %d\nnproc %d\ndata_source %s\ndata_state %d", PDN_STATE_MAGIC, PDN_CKPT_VERSION,
               dtype, num_elems, s->step, s->model_crc, s->B, s->T, s->grad_accum, s->nproc,
               DATA_KIND_NAME[s->data_kind == DATA_TEXT], s->n_data);
-    for (int i = 0; i < s->n_data; i++) { tb_printf(&tb, " %016llx", (unsigned long long)s->data[i]); }
-    tb_printf(&tb, "\n");
+    for (int i = 0; i < s->n_data; i++) { tb_printf(tb, " %016llx", (unsigned long long)s->data[i]); }
+    tb_printf(tb, "\n");
+}
+
+static void state_write(const char* path, const TrainState* s, const void* m, const void* v, size_t num_elems, const char* dtype) {
+    TextBuf tb;
+    memset(&tb, 0, sizeof tb);
+    state_header(&tb, s, num_elems, dtype);
     const void* bufs[2] = {m, v};
     size_t nb[2] = {num_elems * dtype_size(dtype), num_elems * dtype_size(dtype)};
     write_headed_file(path, &tb, bufs, nb, 2);
@@ -422,12 +432,32 @@ static void state_read(const char* path, TrainState* s, void* m, void* v, size_t
     headed_read_data(f, path, &h, dsts, nb, 2);
     fclose(f);
     free(h.text);
+    // moments that are not finite come from a run that diverged: resuming from them would only make NaNs
+    for (int k = 0; k < 2; k++) {
+        for (size_t i = 0; i < num_elems; i++) {
+            double x = strcmp(dtype, "f64") == 0 ? ((const double*)dsts[k])[i] : (double)((const float*)dsts[k])[i];
+            if (!isfinite(x)) {
+                fail(EXIT_BADFILE, "%s: AdamW moment %s element %zu is %g: a training state with non-finite values is refused "
+                     "(it comes from a run that diverged, or was edited)\n  hint: resume from an earlier checkpoint", path,
+                     k ? "v" : "m", i, x);
+            }
+        }
+    }
 }
 
 // checkpoint file names inside the output directory
 static void ckpt_paths(const char* dir, long step, char* model, char* state, size_t n) {
     snprintf(model, n, "%s/model_%08ld.bin", dir, step);
     snprintf(state, n, "%s/state_%08ld.bin", dir, step);
+}
+
+// the step of a checkpoint file name as ckpt_paths makes it (model_%08ld.bin, state_%08ld.bin); -1 for any other name
+static long ckpt_file_step(const char* name) {
+    if (strncmp(name, "model_", 6) != 0 && strncmp(name, "state_", 6) != 0) { return -1; }
+    long step = strtol(name + 6, NULL, 10);
+    char canon[64];
+    snprintf(canon, sizeof canon, "%.6s%08ld.bin", name, step);
+    return step >= 0 && strcmp(canon, name) == 0 ? step : -1;
 }
 
 // the latest step in dir for which both the model and the state file exist; -1 if none
@@ -437,16 +467,58 @@ static long find_latest_checkpoint(const char* dir) {
     long best = -1;
     struct dirent* e;
     while ((e = readdir(d)) != NULL) {
-        long step;
-        char tail[8];
-        if (sscanf(e->d_name, "state_%ld.bi%1s", &step, tail) == 2 && strcmp(e->d_name + strlen(e->d_name) - 4, ".bin") == 0) {
-            char mp[1100], sp[1100];
-            ckpt_paths(dir, step, mp, sp, sizeof mp);
-            if (file_exists(mp) && step > best) { best = step; }
-        }
+        long step = ckpt_file_step(e->d_name);
+        if (step < 0 || e->d_name[0] != 's') { continue; }
+        char mp[1100], sp[1100];
+        ckpt_paths(dir, step, mp, sp, sizeof mp);
+        if (file_exists(mp) && step > best) { best = step; }
     }
     closedir(d);
     return best;
+}
+
+static int cmp_long_desc(const void* a, const void* b) {
+    long x = *(const long*)a, y = *(const long*)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+// --keep-last N, after the checkpoint of `step` was written: the newest N complete pairs (both files) at or before
+// `step` stay, and every checkpoint file of an older step goes (a lone model or state file left by a crash too).
+// A resume takes the newest complete pair, which is always kept; files of steps after `step` (another run's) are
+// left alone.
+static void prune_checkpoints(const char* dir, long step, int keep) {
+    if (keep <= 0) { return; }
+    DIR* d = opendir(dir);
+    if (!d) { return; }
+    size_t n = 0, cap = 64;
+    long* steps = (long*)mallocCheck(cap * sizeof(long));
+    struct dirent* e;
+    while ((e = readdir(d)) != NULL) {
+        long st = ckpt_file_step(e->d_name);
+        if (st < 0 || st > step) { continue; }
+        if (n == cap) { cap *= 2; steps = (long*)realloc(steps, cap * sizeof(long)); if (!steps) { fail(EXIT_SYSTEM, "out of memory"); } }
+        steps[n++] = st;
+    }
+    closedir(d);
+    qsort(steps, n, sizeof(long), cmp_long_desc);
+    long oldest_kept = -1;
+    int complete = 0;
+    for (size_t i = 0; i < n && complete < keep; i++) {
+        if (i > 0 && steps[i] == steps[i - 1]) { continue; }
+        char mp[1100], sp[1100];
+        ckpt_paths(dir, steps[i], mp, sp, sizeof mp);
+        if (file_exists(mp) && file_exists(sp)) { complete++; oldest_kept = steps[i]; }
+    }
+    for (size_t i = 0; i < n && complete == keep; i++) {
+        if (steps[i] >= oldest_kept || (i > 0 && steps[i] == steps[i - 1])) { continue; }
+        char mp[1100], sp[1100];
+        ckpt_paths(dir, steps[i], mp, sp, sizeof mp);
+        int gone = unlink(mp) == 0 || errno == ENOENT;
+        gone = (unlink(sp) == 0 || errno == ENOENT) && gone;
+        if (gone) { printf("removed the checkpoint of step %ld (--keep-last %d)\n", steps[i], keep); }
+        else { printf("warning: cannot remove the checkpoint of step %ld (--keep-last %d): %s\n", steps[i], keep, strerror(errno)); }
+    }
+    free(steps);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -570,16 +642,33 @@ __attribute__((unused)) static int debug_state_compare(const DebugState* ref, co
 }
 
 // ----------------------------------------------------------------------------------------------------
-// log file: <out_dir>/main.log, one line per event, appended (a resumed run continues the same file)
+// log file: <out_dir>/main.log, one line per event ("s:STEP key:value ..."). A write that fails (a full disk) ends
+// the run (exit 4): a log with holes would pass for a complete one.
 
 typedef struct { char path[1100]; int active; } Logger;
 
-static void logger_init(Logger* lg, const char* dir, int resuming) {
+// A new run starts an empty log; a resumed one keeps the lines of the steps up to resume_step and drops the later
+// ones (those steps run again), so that every step appears once.
+static void logger_init(Logger* lg, const char* dir, long resume_step) {
     lg->active = dir && dir[0];
     if (!lg->active) { return; }
     snprintf(lg->path, sizeof lg->path, "%s/main.log", dir);
-    FILE* f = fopenCheck(lg->path, resuming ? "a" : "w");
-    fclose(f);
+    FILE* in = resume_step > 0 ? fopen(lg->path, "r") : NULL;
+    if (!in) { fclose(fopenCheck(lg->path, "w")); return; }
+    AtomicFile af;
+    int err = atomic_try_open(&af, lg->path);
+    char line[4096];
+    long dropped = 0;
+    while (!err && fgets(line, sizeof line, in)) {
+        long st;
+        if (sscanf(line, "s:%ld", &st) == 1 && st > resume_step) { dropped++; continue; }
+        err = atomic_try_write(&af, line, strlen(line));
+    }
+    fclose(in);
+    if (!err) { err = atomic_try_finish(&af); }
+    if (!err) { err = atomic_try_rename(&af); }
+    if (err) { atomic_fail(&af, err); }
+    if (dropped) { printf("%s: dropped %ld lines of the steps after %ld (they run again)\n", lg->path, dropped, resume_step); }
 }
 
 static void logger_printf(Logger* lg, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -588,9 +677,25 @@ static void logger_printf(Logger* lg, const char* fmt, ...) {
     FILE* f = fopenCheck(lg->path, "a");
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(f, fmt, ap);
+    int bad = vfprintf(f, fmt, ap) < 0;
     va_end(ap);
-    fclose(f);
+    bad |= fclose(f) != 0;
+    if (bad) { fail(EXIT_SYSTEM, "cannot write '%s': %s\n  hint: is the disk full?", lg->path, strerror(errno)); }
+}
+
+// The time per step behind the ETA: the mean of the last STEP_WINDOW timed steps, so that the estimate follows the
+// run's current speed (another job on the machine, a change of data) rather than the average since the start.
+#define STEP_WINDOW 20
+typedef struct { double dt[STEP_WINDOW]; long n; } StepTimes;
+
+static void step_times_add(StepTimes* st, double dt) { st->dt[st->n % STEP_WINDOW] = dt; st->n++; }
+
+// the recent mean (0 before any step)
+static double step_times_mean(const StepTimes* st) {
+    long k = st->n < STEP_WINDOW ? st->n : STEP_WINDOW;
+    double s = 0.0;
+    for (long i = 0; i < k; i++) { s += st->dt[i]; }
+    return k ? s / k : 0.0;
 }
 
 static void format_eta(double seconds, char* out, size_t n) {
@@ -1055,12 +1160,16 @@ typedef struct GenState GenState;
 // micro-batch (B*T tokens x and targets y, -1 where none): its gradients accumulate, scaled by 1 / (its targets x
 // accum); returns its mean loss; last: the step's last micro-batch (the GPU then hands its gradients to the
 // reduce-scatter); logits, if not NULL, receives the (B*T, vocab) logits before the softmax. tr_grad_norm: the global
-// gradient norm (*loss in: this process's mean loss, out: the mean over every process). tr_update: AdamW with the
-// gradients scaled by grad_scale, step 1-based. tr_step_end: the step's time in seconds (timed: not a warm-up step).
+// gradient norm (*loss in: this process's mean loss, out: the mean over every process; *stop in: whether this process
+// was asked to stop, out: whether any was). tr_update: AdamW with the gradients scaled by grad_scale, step 1-based;
+// returns 1 if a parameter or moment is no longer finite (on any process). tr_skip: a step whose update is dropped
+// (the GPU derives the bf16 parameters of `step` again, as a resume from it would). tr_step_end: the step's time in
+// seconds (timed: not a warm-up step).
 static void tr_step_begin(Trainer* tr);
 static double tr_forward_backward(Trainer* tr, const int* x, const int* y, int accum, int last, float* logits);
-static double tr_grad_norm(Trainer* tr, double* loss);
-static void tr_update(Trainer* tr, float lr, long step, double grad_scale);
+static double tr_grad_norm(Trainer* tr, double* loss, int* stop);
+static int tr_update(Trainer* tr, float lr, long step, double grad_scale);
+static void tr_skip(Trainer* tr, long step);
 static double tr_step_end(Trainer* tr, int timed);
 // one held-out batch: the loss summed over its targets, their number and the argmax hits; v[0..n) summed over processes
 static double tr_eval_batch(Trainer* tr, const int* x, const int* y, long* count, long* hits);
@@ -1092,6 +1201,7 @@ typedef struct {
     int sample_start;                    // -s: the token samples start from (<|endoftext|>), else -1 (run_check)
     // filled by run_train
     Logger lg;
+    long last_saved;                     // the step of the newest checkpoint this run wrote, -1 if none
     long steps_done;
     int timed;                           // steps timed (all but the first of this process)
     double seconds, t_steps, final_val;  // wall time of the loop, summed time of the timed steps, last val loss (-1)
@@ -1105,6 +1215,7 @@ static void run_init(Run* r, TrainConfig* tc, const PdnConfig* mc, const PdnLayo
     r->peak_flops = -1.0;
     r->sample_start = -1;
     r->final_val = -1.0;
+    r->last_saved = -1;
 }
 
 // -y 1: read the state file into m and v (the AdamW moments, num_elems of dtype), check that it belongs to the loaded
@@ -1211,24 +1322,66 @@ static long run_evaluate(Trainer* tr, const Run* r, int* x, int* y, double* loss
     return batches;
 }
 
+// The checkpoint pair of `step`, written as one: both files to their temporaries, then both renamed. When a write fails
+// both temporaries are removed and the message names the file: the previous pair stays the newest. (A crash between
+// the two renames leaves a model file without its state, which a resume ignores.)
+static void checkpoint_pair_write(const char* mp, const char* sp, const PdnConfig* mc, const PdnLayout* lay,
+                                  const real* params, const real* m, const real* v, TrainState* st) {
+    size_t n = lay->num_elems;
+    TextBuf tm, ts;
+    memset(&tm, 0, sizeof tm);
+    memset(&ts, 0, sizeof ts);
+    pdn_checkpoint_header(&tm, mc, lay, REAL_DTYPE, st->step);
+    const void* mb[1] = {params};
+    size_t mn[1] = {n * sizeof(real)};
+    size_t mh, sh;
+    st->model_crc = headed_finish(&tm, mb, mn, 1, &mh);
+    state_header(&ts, st, n, REAL_DTYPE);
+    const void* sb[2] = {m, v};
+    size_t sn[2] = {n * sizeof(real), n * sizeof(real)};
+    headed_finish(&ts, sb, sn, 2, &sh);
+    AtomicFile am, as;
+    int err = headed_write_tmp(&am, mp, &tm, mh, mb, mn, 1);
+    if (err) { atomic_fail(&am, err); }
+    err = headed_write_tmp(&as, sp, &ts, sh, sb, sn, 2);
+    if (err) { atomic_discard(&am); atomic_fail(&as, err); }
+    err = atomic_try_rename(&am);
+    if (err) { atomic_discard(&as); atomic_fail(&am, err); }
+    err = atomic_try_rename(&as);
+    if (err) { unlink(mp); atomic_fail(&as, err); }
+    free(tm.s);
+    free(ts.s);
+}
+
 // the checkpoint of `step`: the parameters (model_*.bin) and the training state (state_*.bin: the AdamW moments, the
-// step, the batch settings and the data position)
-static void run_save(Trainer* tr, const Run* r, long step) {
+// step, the batch settings and the data position). Nothing that is not finite is ever written: the step's checks make
+// that so, and this is the last guard. Then --keep-last removes the older pairs.
+static void run_save(Trainer* tr, Run* r, long step) {
     size_t n = r->lay->num_elems;
     real* buf = r->rank == 0 ? (real*)mallocCheck(3 * n * sizeof(real)) : NULL;
     tr_host_state(tr, buf, buf ? buf + n : NULL, buf ? buf + 2 * n : NULL);
-    if (!buf) { return; }
+    if (!buf) { r->last_saved = step; return; }
+    static const char* const what[3] = {"parameter", "AdamW moment m of", "AdamW moment v of"};
+    for (int k = 0; k < 3; k++) {
+        const char* tname;
+        long bad = pdn_find_nonfinite(r->lay, buf + k * n, &tname);
+        if (bad >= 0) {
+            fail(EXIT_NUMERIC, "step %ld: %s %s (flat element %ld) is %g: no checkpoint is written with values that are "
+                 "not finite", step, what[k], tname ? tname : "(padding)", bad, (double)buf[k * n + bad]);
+        }
+    }
     const TrainConfig* tc = r->tc;
     char mp[1100], sp[1100];
     ckpt_paths(tc->out_dir, step, mp, sp, sizeof mp);
-    uint32_t crc = pdn_checkpoint_write(mp, r->mc, r->lay, buf, REAL_DTYPE, step);
     TrainState st;
     memset(&st, 0, sizeof st);
-    st.step = step; st.model_crc = crc; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = r->world;
+    st.step = step; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = r->world;
     data_save(r->ds, &st);
-    state_write(sp, &st, buf + n, buf + 2 * n, n, REAL_DTYPE);
+    checkpoint_pair_write(mp, sp, r->mc, r->lay, buf, buf + n, buf + 2 * n, &st);
     printf("saved checkpoint %s (+ %s)\n", mp, sp);
     free(buf);
+    r->last_saved = step;
+    prune_checkpoints(tc->out_dir, step, tc->keep_last);
 }
 
 // --debug-state FILE: forward, loss and backward of one micro-batch (the first of this run's data stream), written
@@ -1253,9 +1406,51 @@ static void run_debug_state(Trainer* tr, const Run* r) {
     free(d.x); free(d.y); free(d.logits); free(d.grads);
 }
 
-// Training from r->start_step to -x: per step the micro-batches, the clipped AdamW update and the step line, then on
-// their schedules the evaluation (-v, and at the end), a sample (-s) and a checkpoint (-n, and at the end, with -o).
-// Returns the exit code.
+// Stopping on a signal (preemption, Ctrl-C): the first SIGINT, SIGTERM or SIGUSR1 asks the run to stop. It finishes
+// the step it is in, writes a checkpoint (with -o) and exits with EXIT_STOPPED; -y 1 then continues exactly. A
+// second signal ends the process at once (killed by it; the checkpoint files already written are whole, since every
+// write is atomic).
+static volatile sig_atomic_t stop_signal = 0;
+
+static void stop_handler(int sig) {
+    if (stop_signal) {
+        static const char msg[] = "\nsecond signal: stopping now, without a checkpoint of this step\n";
+        ssize_t w = write(2, msg, sizeof msg - 1);
+        (void)w;
+        signal(sig, SIG_DFL);
+        raise(sig); // delivered when the handler returns: the process ends as killed by sig
+        return;
+    }
+    stop_signal = sig;
+    static const char msg[] = "\nsignal received: finishing this step, then writing a checkpoint and exiting "
+                              "(a second signal stops at once)\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+}
+
+static const char* signal_name(int sig) {
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
+
+static void stop_on_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = stop_handler;
+    sigemptyset(&sa.sa_mask);
+    sigaddset(&sa.sa_mask, SIGINT); // one handler at a time: a second signal waits for the first to be noted
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGUSR1);
+    sa.sa_flags = SA_RESTART;       // reads and writes go on
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
+}
+
+// Training from r->start_step to -x: per step the micro-batches, the checks (a loss or gradient norm that is not
+// finite stops the run or, with --skip-nonfinite, drops the step's update; an update that makes a parameter or a moment
+// non-finite stops it), the clipped AdamW update and the step line, then on their schedules the evaluation (-v, and at
+// the end), a sample (-s) and a checkpoint (-n, and at the end, with -o); a signal stops it after the step (above).
+// Returns the exit code: 0, or EXIT_STOPPED.
 static int run_train(Trainer* tr, Run* r) {
     TrainConfig* tc = r->tc;
     DataSource* ds = r->ds;
@@ -1263,9 +1458,13 @@ static int run_train(Trainer* tr, Run* r) {
     int* x = (int*)mallocCheck(N * sizeof(int));
     int* y = (int*)mallocCheck(N * sizeof(int));
     if (tc->out_dir[0] && r->rank == 0) { ensure_dir(tc->out_dir); }
-    logger_init(&r->lg, r->rank == 0 ? tc->out_dir : "", r->start_step > 0); // rank 0 writes the log and the checkpoints
+    logger_init(&r->lg, r->rank == 0 ? tc->out_dir : "", r->start_step); // rank 0 writes the log and the checkpoints
     data_describe(ds, r->mc->vocab_size);
+    stop_on_signals();
+    StepTimes recent;
+    memset(&recent, 0, sizeof recent);
     double t_start = wall_seconds();
+    int rc = 0, skipped = 0; // skipped: non-finite steps in a row
     r->steps_done = 0; r->timed = 0; r->t_steps = 0.0; r->final_val = -1.0;
     for (long step = r->start_step; step < tc->steps; step++) {
         tr_watch(tr, "a training step");
@@ -1276,20 +1475,40 @@ static int run_train(Trainer* tr, Run* r) {
             // each micro-batch's loss is scaled so that the summed gradients are the mean over every process's
             loss += tr_forward_backward(tr, x, y, tc->grad_accum * r->world, micro == tc->grad_accum - 1, NULL) / tc->grad_accum;
         }
-        double norm = tr_grad_norm(tr, &loss); // loss: now the mean over the processes
-        if (!isfinite(loss)) {
-            fail(EXIT_NUMERIC, "loss is %f at step %ld: training diverged (no checkpoint was written for this step)\n"
-                 "  hint: lower -l (learning rate), raise -u (warm-up) or keep --grad-clip on", loss, step + 1);
-        }
-        double scale = (tc->grad_clip > 0 && norm > tc->grad_clip) ? tc->grad_clip / norm : 1.0;
+        int stop = stop_signal != 0;
+        double norm = tr_grad_norm(tr, &loss, &stop); // loss: now the mean over the processes
         float lr = lr_at(tc, (int)step);
-        tr_update(tr, lr, step + 1, scale);
+        int finite = isfinite(loss) && isfinite(norm); // (a NaN norm is not > --grad-clip: it must be caught here)
+        if (!finite && skipped >= tc->skip_nonfinite) {
+            char last[64] = "no checkpoint was written by this run";
+            if (r->last_saved >= 0) { snprintf(last, sizeof last, "the newest checkpoint is step %ld's", r->last_saved); }
+            fail(EXIT_NUMERIC, "step %ld: loss %g, gradient norm %g: not finite, training diverged (nothing was written for "
+                 "this step; %s)\n  hint: lower -l (learning rate), raise -u (warm-up), keep --grad-clip on, or let "
+                 "--skip-nonfinite N drop up to N such steps in a row", step + 1, loss, norm, last);
+        }
+        if (finite) {
+            double scale = (tc->grad_clip > 0 && norm > tc->grad_clip) ? tc->grad_clip / norm : 1.0;
+            if (tr_update(tr, lr, step + 1, scale)) {
+                fail(EXIT_NUMERIC, "step %ld: the update made a parameter or an AdamW moment non-finite (loss %g and gradient "
+                     "norm %g were finite): stopping; nothing was written for this step\n  hint: keep --grad-clip on (now "
+                     "%g) and lower -l", step + 1, loss, norm, tc->grad_clip);
+            }
+            skipped = 0;
+        } else {
+            tr_skip(tr, step + 1);
+            skipped++;
+        }
         double dt = tr_step_end(tr, step > r->start_step);
         r->steps_done++;
-        if (step > r->start_step) { r->t_steps += dt; r->timed++; }
+        if (step > r->start_step) { r->t_steps += dt; r->timed++; step_times_add(&recent, dt); }
         double mfu = r->peak_flops > 0 ? r->flops_per_token * tc->total_batch / dt / r->peak_flops : -1.0;
-        print_step(&r->lg, tc, step, loss, norm, lr, dt, r->timed ? r->t_steps / r->timed : dt, mfu);
-        int last = step + 1 == tc->steps;
+        print_step(&r->lg, tc, step, loss, norm, lr, dt, recent.n ? step_times_mean(&recent) : dt, mfu);
+        if (!finite) {
+            printf("step %ld skipped: its loss or gradient norm is not finite, its update was dropped (%d in a row; "
+                   "--skip-nonfinite %d)\n", step + 1, skipped, tc->skip_nonfinite);
+            logger_printf(&r->lg, "s:%ld skipped:%d\n", step + 1, skipped);
+        }
+        int last = step + 1 == tc->steps, saved = 0;
         if ((tc->val_every && (step + 1) % tc->val_every == 0) || last) {
             tr_watch(tr, "the evaluation");
             double vl, va;
@@ -1299,15 +1518,23 @@ static int run_train(Trainer* tr, Run* r) {
         if (r->sample_start >= 0 && tc->gen_tokens > 0 && r->rank == 0 && ((step + 1) % tc->sample_every == 0 || last)) {
             run_sample(tr, r, step + 1);
         }
-        if (tc->out_dir[0] && ((tc->ckpt_every && (step + 1) % tc->ckpt_every == 0) || last)) {
+        if (tc->out_dir[0] && ((tc->ckpt_every && (step + 1) % tc->ckpt_every == 0) || last || stop)) {
             tr_watch(tr, "saving a checkpoint");
             run_save(tr, r, step + 1);
+            saved = 1;
+        }
+        if (stop && !last) {
+            printf("stopped by %s after step %ld of %d: %s\n", stop_signal ? signal_name(stop_signal) : "another process's signal",
+                   step + 1, tc->steps, saved ? "its checkpoint is written; -y 1 with the same flags continues the run" :
+                   "nothing was saved (no -o)");
+            rc = EXIT_STOPPED;
+            break;
         }
     }
     r->seconds = wall_seconds() - t_start;
     free(x);
     free(y);
-    return 0;
+    return rc;
 }
 
 // the closing line: steps, time, what the trainer adds (extra, may be ""), the last text val loss

@@ -1390,22 +1390,26 @@ static double global_norm(const real* g, size_t n) {
 }
 
 // AdamW (decoupled weight decay, MODEL.md §6: only tensors flagged wd). grad_scale folds in the clipping. t >= 1.
-static void adamw_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, int t, real grad_scale) {
+// Returns the number of elements whose parameter or moments are no longer finite (a g*g that overflows, say).
+static long adamw_update(Model* m, float lr, float beta1, float beta2, float eps, float weight_decay, int t, real grad_scale) {
     size_t n = m->lay.num_elems;
     if (!m->m) { m->m = (real*)callocCheck(n, sizeof(real)); m->v = (real*)callocCheck(n, sizeof(real)); }
     real bc1 = R(1.0 - pow(beta1, t)), bc2 = R(1.0 - pow(beta2, t));
+    long bad = 0;
     for (int i = 0; i < NUM_TENSORS; i++) {
         const PdnTensor* tt = &m->lay.t[i];
         real wd = tt->wd ? R(weight_decay) : R(0);
-        #pragma omp parallel for
+        #pragma omp parallel for reduction(+:bad)
         for (size_t j = tt->offset; j < tt->offset + tt->numel; j++) {
             real g = m->grads[j] * grad_scale;
             m->m[j] = R(beta1) * m->m[j] + R(1.0f - beta1) * g;
             m->v[j] = R(beta2) * m->v[j] + R(1.0f - beta2) * g * g;
             real mh = m->m[j] / bc1, vh = m->v[j] / bc2;
             m->params[j] -= R(lr) * (mh / (sqrt(vh) + R(eps)) + wd * m->params[j]);
+            bad += !(isfinite(m->params[j]) && isfinite(m->m[j]) && isfinite(m->v[j]));
         }
     }
+    return bad;
 }
 
 static void model_init(Model* m, const PdnConfig* c, int C, int chunk_form) {
@@ -1462,12 +1466,18 @@ static double tr_forward_backward(Trainer* tr, const int* x, const int* y, int a
     return pdn_forward_backward(&tr->m, &tr->acts, x, y, accum, logits);
 }
 
-static double tr_grad_norm(Trainer* tr, double* loss) { (void)loss; return global_norm(tr->m.grads, tr->m.lay.num_elems); }
-
-static void tr_update(Trainer* tr, float lr, long step, double grad_scale) {
-    const TrainConfig* tc = tr->tc;
-    adamw_update(&tr->m, lr, tc->beta1, tc->beta2, tc->adam_eps, tc->weight_decay, (int)step, R(grad_scale));
+// one process: the loss and the stop request are already everyone's
+static double tr_grad_norm(Trainer* tr, double* loss, int* stop) {
+    (void)loss; (void)stop;
+    return global_norm(tr->m.grads, tr->m.lay.num_elems);
 }
+
+static int tr_update(Trainer* tr, float lr, long step, double grad_scale) {
+    const TrainConfig* tc = tr->tc;
+    return adamw_update(&tr->m, lr, tc->beta1, tc->beta2, tc->adam_eps, tc->weight_decay, (int)step, R(grad_scale)) > 0;
+}
+
+static void tr_skip(Trainer* tr, long step) { (void)tr; (void)step; } // the parameters are the master weights
 
 static double tr_step_end(Trainer* tr, int timed) { (void)timed; return wall_seconds() - tr->t0; }
 
@@ -1526,6 +1536,7 @@ static void tr_watch(Trainer* tr, const char* phase) { (void)tr; (void)phase; }
 
 #ifndef TESTING
 int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); // a line at a time even into a pipe (| tee): each step shows as it ends
     PdnConfig mc;
     TrainConfig tc;
     parse_args(argc, argv, &mc, &tc);

@@ -1521,9 +1521,9 @@ static void classifier_launch(floatX* logits, float* losses, int* argmax, const 
 }
 
 // AdamW, one element: moments and master weight updated in place, the new master weight returned (one GPU and
-// ZeRO-1 share it)
+// ZeRO-1 share it); *nonfinite is set when one of the three is no longer finite (a g*g that overflows, say)
 __device__ __forceinline__ float adamw_element(float* master, float* m, float* v, float g, float lr, float beta1, float beta2,
-                                               float bc1, float bc2, float eps, float wd) {
+                                               float bc1, float bc2, float eps, float wd, int* nonfinite) {
     float mi = beta1 * *m + (1.0f - beta1) * g;
     float vi = beta2 * *v + (1.0f - beta2) * g * g;
     *m = mi;
@@ -1531,6 +1531,7 @@ __device__ __forceinline__ float adamw_element(float* master, float* m, float* v
     float p = *master;
     p -= lr * (mi / bc1 / (sqrtf(vi / bc2) + eps) + wd * p);
     *master = p;
+    if (!(isfinite(p) && isfinite(mi) && isfinite(vi))) { *nonfinite = 1; }
     return p;
 }
 
@@ -1538,10 +1539,10 @@ __device__ __forceinline__ float adamw_element(float* master, float* m, float* v
 // the floatX parameter is its stochastically rounded copy (seed per tensor and step).
 __global__ void adamw_kernel(floatX* params, float* master, const float* grads, float* m, float* v, long n, float lr,
                              float beta1, float beta2, float bc1, float bc2, float eps, float wd, float grad_scale,
-                             unsigned int seed) {
+                             unsigned int seed, int* nonfinite) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) { return; }
-    float p = adamw_element(master + i, m + i, v + i, grads[i] * grad_scale, lr, beta1, beta2, bc1, bc2, eps, wd);
+    float p = adamw_element(master + i, m + i, v + i, grads[i] * grad_scale, lr, beta1, beta2, bc1, bc2, eps, wd, nonfinite);
     params[i] = round_sr(p, (unsigned int)i, seed);
 }
 
@@ -1592,13 +1593,13 @@ struct ZeroTensorInfo { unsigned int seed[NUM_TENSORS]; float wd[NUM_TENSORS]; u
 // ready for the all-gather. Shard padding belongs to no segment and is skipped.
 __global__ void adamw_shard_kernel(floatX* packed_params, float* master, const float* grads, float* m, float* v,
                                    const ZeroSeg* segs, int nseg, size_t n, float lr, float beta1, float beta2, float bc1,
-                                   float bc2, float eps, float grad_scale, ZeroTensorInfo ti) {
+                                   float bc2, float eps, float grad_scale, ZeroTensorInfo ti, int* nonfinite) {
     size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n) { return; }
     ZeroSeg s = segs[table_find<ZeroSeg, &ZeroSeg::shard>(segs, 0, nseg, j)];
     if (j < s.shard || j >= s.shard + s.n) { return; }
     int t = s.tensor;
-    float p = adamw_element(master + j, m + j, v + j, grads[j] * grad_scale, lr, beta1, beta2, bc1, bc2, eps, ti.wd[t]);
+    float p = adamw_element(master + j, m + j, v + j, grads[j] * grad_scale, lr, beta1, beta2, bc1, bc2, eps, ti.wd[t], nonfinite);
     size_t idx = s.flat + (j - s.shard) - (size_t)ti.offset[t];
     packed_params[s.packed + (j - s.shard)] = round_sr(p, (unsigned int)idx, ti.seed[t]);
 }
@@ -4427,18 +4428,20 @@ static void dist_sum(double* v, int n) {
 #endif
 }
 
-// after the last micro-step: the mean loss over ranks (in: this rank's) and the global gradient norm
-static double dist_loss_and_norm(double* loss, float* norm_scratch) {
+// after the last micro-step: the mean loss over ranks (in: this rank's), the global gradient norm, and whether any
+// rank was asked to stop (in: this rank's request; all ranks then stop after the same step)
+static double dist_loss_and_norm(double* loss, int* stop, float* norm_scratch) {
     cudaCheck(cudaEventRecord(dist.bwd_end, main_stream));
     cudaCheck(cudaStreamWaitEvent(main_stream, dist.ev_rs1[dist.zp.n_buckets - 1], 0)); // this rank's reduced gradients
-    double v[2] = {*loss, (double)sum_squares(dist.sgrad, (long)dist.zp.shard_total, norm_scratch)};
-    dist_sum(v, 2);
+    double v[3] = {*loss, (double)sum_squares(dist.sgrad, (long)dist.zp.shard_total, norm_scratch), (double)*stop};
+    dist_sum(v, 3);
     *loss = v[0] / dist.env.world;
+    *stop = v[2] > 0;
     return sqrt(v[1]);
 }
 
 // AdamW on this rank's shard, then the new parameters all-gathered and unpacked into m->params
-static void dist_adamw(Model* m, const TrainConfig* tc, float lr, long step, float grad_scale) {
+static void dist_adamw(Model* m, const TrainConfig* tc, float lr, long step, float grad_scale, int* nonfinite) {
 #ifdef ENABLE_NCCL
     const ZeroPlan* zp = &dist.zp;
     ZeroTensorInfo ti;
@@ -4450,7 +4453,8 @@ static void dist_adamw(Model* m, const TrainConfig* tc, float lr, long step, flo
     float bc1, bc2;
     adam_bias_corrections(tc, step, &bc1, &bc2);
     adamw_shard_kernel<<<cdiv((long)zp->shard_total, 256), 256, 0, main_stream>>>(dist.packed_params, m->master, dist.sgrad,
-        m->m, m->v, dist.d_segs, zp->n_segs, zp->shard_total, lr, tc->beta1, tc->beta2, bc1, bc2, tc->adam_eps, grad_scale, ti);
+        m->m, m->v, dist.d_segs, zp->n_segs, zp->shard_total, lr, tc->beta1, tc->beta2, bc1, bc2, tc->adam_eps, grad_scale, ti,
+        nonfinite);
     cudaCheck(cudaGetLastError());
     stream_after_main(dist.stream, dist.opt_done);
     cudaCheck(cudaEventRecord(dist.ag0, dist.stream));
@@ -4466,7 +4470,7 @@ static void dist_adamw(Model* m, const TrainConfig* tc, float lr, long step, flo
     cudaCheck(cudaEventRecord(dist.params_done, dist.stream));
     cudaCheck(cudaStreamWaitEvent(main_stream, dist.params_done, 0));
 #else
-    (void)m; (void)tc; (void)lr; (void)step; (void)grad_scale;
+    (void)m; (void)tc; (void)lr; (void)step; (void)grad_scale; (void)nonfinite;
 #endif
 }
 
@@ -4483,7 +4487,8 @@ static void dist_time_step(void) {
     dist.ag_ms += ms;
 }
 
-// a full fp32 buffer (flat layout) from every rank's shard: all ranks take part, rank 0 gets it in out (num_elems).
+// a full fp32 buffer (flat layout) from every rank's shard into m->grads on every rank: all ranks take part; out (host,
+// num_elems; NULL: none) gets a copy.
 // m->grads is the scratch (free between steps; its alignment gaps are never written, so they stay 0, and the next
 // step zeroes it anyway).
 static void dist_gather_full(Model* m, const float* shard, float* out) {
@@ -4500,7 +4505,7 @@ static void dist_gather_full(Model* m, const float* shard, float* out) {
     ncclCheck(ncclGroupEnd());
     zero_copy<float>(dist.packed_grads, m->grads, zp, dist.d_ranges, 0, zp->n_buckets, 0, dist.stream);
     cudaCheck(cudaStreamSynchronize(dist.stream));
-    if (zp->rank == 0) { cudaCheck(cudaMemcpy(out, m->grads, n * sizeof(float), cudaMemcpyDeviceToHost)); }
+    if (out) { cudaCheck(cudaMemcpy(out, m->grads, n * sizeof(float), cudaMemcpyDeviceToHost)); }
 #else
     (void)m; (void)shard; (void)out;
 #endif
@@ -4831,8 +4836,9 @@ static double grad_norm(Model* m, float* scratch) {
     return sqrt((double)sum_squares(m->grads, (long)m->lay.num_elems, scratch));
 }
 
-// AdamW over every tensor; `step` is the 1-based step being completed (bias correction and rounding seeds)
-static void adamw_update(Model* m, const TrainConfig* tc, float lr, long step, float grad_scale) {
+// AdamW over every tensor; `step` is the 1-based step being completed (bias correction and rounding seeds);
+// nonfinite: a device flag set if a parameter or moment is no longer finite
+static void adamw_update(Model* m, const TrainConfig* tc, float lr, long step, float grad_scale, int* nonfinite) {
     float bc1, bc2;
     adam_bias_corrections(tc, step, &bc1, &bc2);
     for (int i = 0; i < NUM_TENSORS; i++) {
@@ -4842,7 +4848,7 @@ static void adamw_update(Model* m, const TrainConfig* tc, float lr, long step, f
         adamw_kernel<<<cdiv(t->numel, 256), 256, 0, main_stream>>>(m->params + o, m->master + o, m->grads + o, m->m + o,
                                                                     m->v + o, (long)t->numel, lr, tc->beta1, tc->beta2, bc1, bc2,
                                                                     tc->adam_eps, t->wd ? tc->weight_decay : 0.0f, grad_scale,
-                                                                    tensor_seed(m->seed, step, i));
+                                                                    tensor_seed(m->seed, step, i), nonfinite);
     }
     cudaCheck(cudaGetLastError());
 }
@@ -4854,6 +4860,7 @@ struct Trainer {
     Acts acts;                 // (B, T) with gradients: training, evaluation, --debug-state
     const TrainConfig* tc;
     float* norm_scratch;       // (NORM_BLOCKS + 1)
+    int* nonfinite;            // (1) set by the update when a parameter or moment is no longer finite
     cudaEvent_t ev0, ev1;      // the step's start and end on main_stream
 };
 
@@ -4869,15 +4876,28 @@ static double tr_forward_backward(Trainer* tr, const int* x, const int* y, int a
     return loss;
 }
 
-static double tr_grad_norm(Trainer* tr, double* loss) {
+static double tr_grad_norm(Trainer* tr, double* loss, int* stop) {
     PROF("optimizer (norm+adamw)");
-    return dist.on ? dist_loss_and_norm(loss, tr->norm_scratch) : grad_norm(&tr->m, tr->norm_scratch);
+    return dist.on ? dist_loss_and_norm(loss, stop, tr->norm_scratch) : grad_norm(&tr->m, tr->norm_scratch);
 }
 
-static void tr_update(Trainer* tr, float lr, long step, double grad_scale) {
+static int tr_update(Trainer* tr, float lr, long step, double grad_scale) {
     PROF("optimizer (norm+adamw)");
-    if (dist.on) { dist_adamw(&tr->m, tr->tc, lr, step, (float)grad_scale); }
-    else { adamw_update(&tr->m, tr->tc, lr, step, (float)grad_scale); }
+    cudaCheck(cudaMemsetAsync(tr->nonfinite, 0, sizeof(int), main_stream));
+    if (dist.on) { dist_adamw(&tr->m, tr->tc, lr, step, (float)grad_scale, tr->nonfinite); }
+    else { adamw_update(&tr->m, tr->tc, lr, step, (float)grad_scale, tr->nonfinite); }
+    int bad = 0;
+    cudaCheck(cudaMemcpy(&bad, tr->nonfinite, sizeof(int), cudaMemcpyDeviceToHost)); // (waits for the update)
+    if (dist.on) { double b = bad; dist_sum(&b, 1); bad = b > 0; } // each rank updated its shard
+    return bad;
+}
+
+// a dropped update: the master weights stay; the floatX parameters become those of `step`, rounded as a resume from
+// this step's checkpoint re-creates them (with ZeRO-1 from the gathered master weights, as model_upload does)
+static void tr_skip(Trainer* tr, long step) {
+    Model* m = &tr->m;
+    if (dist.on) { dist_gather_full(m, m->master, nullptr); round_params(m, m->grads, step); }
+    else { round_params(m, m->master, step); }
 }
 
 static double tr_step_end(Trainer* tr, int timed) {
@@ -4999,6 +5019,7 @@ static cudaDeviceProp gpu_setup(int device = 0) {
 
 #ifndef TESTING
 int main(int argc, char** argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); // a line at a time even into a pipe (| tee): each step shows as it ends
     PdnConfig mc;
     TrainConfig tc;
     parse_args(argc, argv, &mc, &tc);
@@ -5092,6 +5113,7 @@ int main(int argc, char** argv) {
            (tr.acts.arena.bytes - (double)tr.acts.nstore * tr.acts.layer_bytes) / 1048576.0,
            dist.on ? " (per GPU, with the communication buffers)" : "");
     cudaCheck(cudaMalloc(&tr.norm_scratch, (NORM_BLOCKS + 1) * sizeof(float)));
+    cudaCheck(cudaMalloc(&tr.nonfinite, sizeof(int)));
     cudaCheck(cudaEventCreate(&tr.ev0));
     cudaCheck(cudaEventCreate(&tr.ev1));
     if (tc.debug_state[0]) { // one micro-batch, the first of this run's data stream, as the CPU trainer does

@@ -23,15 +23,17 @@ a growable text buffer, and a monotonic clock.
 
 // ----------------------------------------------------------------------------------------------------
 // errors: one line saying what went wrong and what to do, then a nonzero exit. Exit codes:
-// 1 = bad command line or configuration, 2 = bad or unreadable input file, 3 = numerical failure (NaN loss),
-// 4 = out of memory or I/O failure while writing, 5 = another process of a multi-GPU job failed or did not answer
-// (rendezvous or collective timed out).
+// 1 = bad command line or configuration, 2 = bad or unreadable input file, 3 = numerical failure (a loss, gradient
+// norm or update that is not finite), 4 = out of memory or I/O failure while writing, 5 = another process of a
+// multi-GPU job failed or did not answer (rendezvous or collective timed out), 6 = stopped by a signal (SIGINT,
+// SIGTERM, SIGUSR1) after saving a checkpoint: -y 1 continues the run.
 
 #define EXIT_USAGE 1
 #define EXIT_BADFILE 2
 #define EXIT_NUMERIC 3
 #define EXIT_SYSTEM 4
 #define EXIT_DIST 5
+#define EXIT_STOPPED 6
 
 // in a job of several processes the messages say which one failed (set once the rank is known; -1: one process)
 static int fail_rank = -1;
@@ -273,23 +275,35 @@ static void tb_printf(TextBuf* tb, const char* fmt, ...) {
 
 // Atomic replacement: the new content goes to "<path>.tmp", is fsync'ed, then renamed over <path> and the
 // directory is fsync'ed. A crash at any point leaves either the old file or the new one, never a torn one.
+// The atomic_try_* steps return 0 or an errno value and leave the decision to the caller (a checkpoint pair is written
+// as one: both temporaries, then both renames); atomic_open / atomic_commit fail on error, naming the file.
 typedef struct { FILE* f; char path[1024]; char tmp[1040]; } AtomicFile;
 
-static void atomic_open(AtomicFile* af, const char* path) {
+static int atomic_try_open(AtomicFile* af, const char* path) {
+    af->f = NULL;
     if (strlen(path) >= sizeof(af->path)) { fail(EXIT_USAGE, "path too long: %s", path); }
     strcpy(af->path, path);
     snprintf(af->tmp, sizeof(af->tmp), "%s.tmp", path);
-    af->f = fopenCheck(af->tmp, "wb");
+    af->f = fopen(af->tmp, "wb");
+    return af->f ? 0 : errno;
 }
 
-static void atomic_commit(AtomicFile* af) {
-    if (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) {
-        fail(EXIT_SYSTEM, "cannot flush '%s': %s (the previous '%s' is untouched)", af->tmp, strerror(errno), af->path);
-    }
-    if (fclose(af->f) != 0) { fail(EXIT_SYSTEM, "cannot close '%s': %s", af->tmp, strerror(errno)); }
-    if (rename(af->tmp, af->path) != 0) {
-        fail(EXIT_SYSTEM, "cannot rename '%s' to '%s': %s", af->tmp, af->path, strerror(errno));
-    }
+static int atomic_try_write(AtomicFile* af, const void* p, size_t n) {
+    errno = 0;
+    return fwrite(p, 1, n, af->f) == n ? 0 : errno ? errno : EIO;
+}
+
+// flush, fsync and close the temporary (it stays at af->tmp until atomic_try_rename)
+static int atomic_try_finish(AtomicFile* af) {
+    int err = 0;
+    if (fflush(af->f) != 0 || fsync(fileno(af->f)) != 0) { err = errno; }
+    if (fclose(af->f) != 0 && !err) { err = errno; }
+    af->f = NULL;
+    return err;
+}
+
+static int atomic_try_rename(AtomicFile* af) {
+    if (rename(af->tmp, af->path) != 0) { return errno; }
     // make the rename itself durable
     char dir[1024];
     strcpy(dir, af->path);
@@ -297,6 +311,31 @@ static void atomic_commit(AtomicFile* af) {
     if (slash) { *slash = 0; } else { strcpy(dir, "."); }
     int fd = open(dir, O_RDONLY);
     if (fd >= 0) { fsync(fd); close(fd); }
+    return 0;
+}
+
+// close (if open) and remove the temporary: <path> stays as it was
+static void atomic_discard(AtomicFile* af) {
+    if (af->f) { fclose(af->f); af->f = NULL; }
+    unlink(af->tmp);
+}
+
+static void atomic_fail(AtomicFile* af, int err) __attribute__((noreturn));
+static void atomic_fail(AtomicFile* af, int err) {
+    atomic_discard(af);
+    fail(EXIT_SYSTEM, "cannot write '%s': %s (its temporary was removed; an earlier '%s' is untouched)\n"
+         "  hint: is the disk full, or the directory not writable?", af->path, strerror(err), af->path);
+}
+
+static void atomic_open(AtomicFile* af, const char* path) {
+    int err = atomic_try_open(af, path);
+    if (err) { atomic_fail(af, err); }
+}
+
+static void atomic_commit(AtomicFile* af) {
+    int err = atomic_try_finish(af);
+    if (!err) { err = atomic_try_rename(af); }
+    if (err) { atomic_fail(af, err); }
 }
 
 static int file_exists(const char* path) { struct stat st; return stat(path, &st) == 0; }

@@ -88,6 +88,55 @@ for v in dn pdn gdn pgdn kda pkda; do
         recompute_rows+=("$(printf "%-6s %-18s --recompute 1 vs 0, logits and gradients: %s" "$v" "$bin" "$same")")
     done
 done
+# A run's robustness on the GPU (issue 17): (1) SIGTERM mid-run stops with exit 6 and a checkpoint, and -y 1 then
+# reproduces the uninterrupted run bit for bit; (2) a checkpoint whose loss is finite but whose gradient norm is NaN
+# (a_log_p x 1e8: exp overflows, 0 * inf in the backward) stops with exit 3 at step 1 with nothing written, and with
+# --skip-nonfinite 3 the three steps are skipped and the checkpoints hold the loaded parameters unchanged.
+robust_rows=()
+nsteps() { local n; n=$(grep -c trl: "$1" 2>/dev/null); echo "${n:-0}"; }
+rflags="--preset pgdn-tiny -b 4 -t 32 --mqar-pairs 4 -v 0 -m 1 -x 3000"
+./train_pdn --preset pgdn-tiny -b 4 -t 32 --mqar-pairs 4 -v 0 -m 1 -x 1 -o "$out/rb.base" > /dev/null 2>&1
+python3 - "$out/rb.base/model_00000001.bin" "$out/rb.alp.bin" <<'PY' || echo "FAILED: editing the checkpoint (python3)"
+import re, struct, sys, zlib
+d = bytearray(open(sys.argv[1], 'rb').read())
+hb = int(re.search(rb'header_bytes (\d+)', d).group(1))
+m = re.search(rb'tensor a_log_p ([0-9x]+) offset (\d+)', d)
+n, off = 1, int(m.group(2))
+for k in m.group(1).split(b'x'):
+    n *= int(k)
+for i in range(n):
+    p = hb + 4 * (off + i)
+    d[p:p + 4] = struct.pack('<f', struct.unpack('<f', d[p:p + 4])[0] * 1e8)
+c = d.index(b'crc32 ')
+d[c + 6:c + 14] = b'%08x' % zlib.crc32(bytes(d[:c]) + bytes(d[hb:]))
+open(sys.argv[2], 'wb').write(d)
+PY
+for bin in train_pdncu train_pdncu_fp32; do
+    rm -rf "$out/rb.$bin."*
+    ./$bin $rflags -o "$out/rb.$bin.a" > /dev/null 2>&1 || echo "FAILED: $bin uninterrupted run"
+    ./$bin $rflags -o "$out/rb.$bin.b" > "$out/rb.$bin.b.txt" 2>&1 &
+    pid=$!
+    while kill -0 $pid 2>/dev/null && [ "$(nsteps "$out/rb.$bin.b/main.log")" -lt 100 ]; do sleep 0.05; done
+    kill -TERM $pid; wait $pid; rc=$?
+    ./$bin $rflags -o "$out/rb.$bin.b" -y 1 > /dev/null 2>&1 || echo "FAILED: $bin resume after SIGTERM"
+    same=$(cmp -s "$out/rb.$bin.a/model_00003000.bin" "$out/rb.$bin.b/model_00003000.bin" && \
+           cmp -s "$out/rb.$bin.a/state_00003000.bin" "$out/rb.$bin.b/state_00003000.bin" && \
+           [ "$(grep -o 's:[0-9]* trl:[^ ]*' "$out/rb.$bin.a/main.log")" = "$(grep -o 's:[0-9]* trl:[^ ]*' "$out/rb.$bin.b/main.log")" ] \
+           && echo "bit-exact" || echo "DIFFERENT")
+    robust_rows+=("$(printf "%-18s SIGTERM: exit %s (want 6) at %s; resumed vs uninterrupted: %s" "$bin" "$rc" \
+                  "$(grep -o 'after step [0-9]*' "$out/rb.$bin.b.txt")" "$same")")
+    ./$bin --preset pgdn-tiny -b 4 -t 32 --mqar-pairs 4 -v 0 -m 1 -e "$out/rb.alp.bin" -x 3 -n 1 -o "$out/rb.$bin.nan" > "$out/rb.$bin.nan.txt" 2>&1
+    rc=$?
+    n=$(ls "$out/rb.$bin.nan" | grep -c '^model_')
+    ./$bin --preset pgdn-tiny -b 4 -t 32 --mqar-pairs 4 -v 0 -m 1 -e "$out/rb.alp.bin" -x 3 -n 1 --skip-nonfinite 3 \
+        -o "$out/rb.$bin.skip" > /dev/null 2>&1
+    rc2=$?
+    same=$([ -f "$out/rb.$bin.skip/model_00000003.bin" ] && cmp -s <(tail -c +4097 "$out/rb.alp.bin") \
+           <(tail -c +4097 "$out/rb.$bin.skip/model_00000003.bin") && echo "unchanged" || echo "CHANGED")
+    robust_rows+=("$(printf "%-18s NaN gradient norm: exit %s (want 3), %s checkpoints (want 0); --skip-nonfinite 3: exit %s, parameters %s" \
+                  "$bin" "$rc" "$n" "$rc2" "$same")")
+done
+
 echo "10 training steps, pgdn-tiny (loss per step: CPU / GPU fp32 / GPU bf16):"
 paste <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdn/main.log") <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu_fp32/main.log") \
       <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu/main.log")
@@ -97,3 +146,5 @@ echo "recompute (activation checkpointing per layer):"
 printf '%s\n' "${recompute_rows[@]}"
 echo "debug-state comparison against the CPU reference:"
 printf '%s\n' "${rows[@]}"
+echo "a run's robustness (signals, non-finite steps):"
+printf '%s\n' "${robust_rows[@]}"
