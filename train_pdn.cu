@@ -3659,14 +3659,19 @@ struct MixerPlan {
 };
 // Chunk groups for the tensor-core scans: enough (b, h, 32-column) blocks for two per multiprocessor, with at least 4
 // chunks a group; 1 where the sequential scan already fills the device (the 16 x 2048 training shape has 512 blocks).
-// scan_groups_on: the kernel lab's v3 sets it; the trainer keeps the sequential scan until v3 has been validated on a GPU.
+// SCAN_GROUPS_DEFAULT is 0 until dev/cuda/delta_chunk's v3 has validated the two-level scans on a GPU: until then the
+// trainer runs the sequential scan. scan_groups_force (the kernel lab): > 0 that many groups, -1 the rule below anyway.
+#define SCAN_GROUPS_DEFAULT 0
 #ifndef ENABLE_FP32
-static int scan_groups_on = 0;
+static int scan_groups_force = 0;
 static int scan_groups_for(const ChunkShape& s) {
-    int blocks = s.B * s.H * (s.V / SCAN_BV), want = 2 * num_sms;
-    if (!scan_groups_on || blocks >= want || s.NC < 8 || s.K % SCAN_BV != 0) { return 1; }
-    int G = std::min(cdiv(want, blocks), s.NC / 4), M = cdiv(s.NC, G);
-    return cdiv(s.NC, M);
+    int blocks = s.B * s.H * (s.V / SCAN_BV), want = 2 * num_sms, G;
+    if (s.K % SCAN_BV != 0) { return 1; }
+    if (scan_groups_force > 0) { G = std::min(scan_groups_force, s.NC); }
+    else if (!(SCAN_GROUPS_DEFAULT || scan_groups_force < 0) || blocks >= want || s.NC < 8) { return 1; }
+    else { G = std::min(cdiv(want, blocks), s.NC / 4); }
+    int M = cdiv(s.NC, G);
+    return cdiv(s.NC, M); // no empty group
 }
 #endif
 static MixerPlan mixer_plan(const ChunkShape& s) {

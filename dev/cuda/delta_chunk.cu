@@ -14,6 +14,13 @@ Versions (everything else is the trainer's code):
       scores_channel_dkt_tc_kernel; scalar/no-decay scores with the inverse scores_scalar_tc_kernel and their
       backward bwd_scores_scalar_tc_kernel: what the bf16 trainer runs whenever scan_uses_wmma() / scores_use_tc() /
       scores_scalar_fused() allow it. Not compiled in the fp32 build.
+  v3  v2 with the two-level state scans (ScanGroups in train_pdn.cu): the chunks split into groups; per group its
+      B (the scan from zero) and its transition (the scan with U = 0, resp. dO = 0, from the identity: a K x K state)
+      in parallel, the groups' start states composed in fp32 (scan_groups_combine_kernel), then each group's scan from
+      its start state with the outputs. Validation forces groups of 2 chunks (the last one shorter where NC is odd);
+      the timing takes the trainer's rule (two blocks per multiprocessor, >= 4 chunks a group: 9 groups at B=1 H=8).
+      Written 2026-12-01 after the device time ran out: compiled, NOT yet run on a GPU. The trainer keeps the
+      sequential scan (SCAN_GROUPS_DEFAULT 0) until this version passes.
 The trainer picks inside delta_chunk_forward/backward with those tests; the lab forces v1 by making them fail
 (scan_force_simt, scores_force_fma) and checks which path was taken.
 
@@ -53,10 +60,14 @@ Exit code: 0 if every check passed, 1 if any failed.
 #define NVERSIONS 1
 static const double TOL = 1e-4;
 #else
-#define NVERSIONS 2
+#define NVERSIONS 3
 static const double TOL = 2e-2;
 #endif
-static const char* VERSION_NAME[3] = {"", "v1 SIMT", "v2 tensor cores"};
+static const char* VERSION_NAME[4] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans"};
+#ifndef ENABLE_FP32
+static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of 2 chunks, timing the trainer's rule (-1)
+#endif
+#define LAB_MAX_GROUPS 16   // the group buffers' size (validation: <= 7 groups; timing at T = 16384: 9)
 static const int CHUNK = 64; // the trainer's default --chunk
 static const float PC_X = 1.5f, PC_EPS = 1e-6f; // MODEL.md §3.6: squash x, eps
 
@@ -66,10 +77,12 @@ static bool select_version(int v, const ChunkShape& s) {
     (void)s;
     return v == 1;
 #else
-    scan_force_simt = v == 1; // v1: the SIMT scans and unfused scores, v2: the tensor-core ones
+    scan_force_simt = v == 1; // v1: the SIMT scans and unfused scores, v2: the tensor-core ones, v3: v2 in chunk groups
     scores_force_fma = v == 1;
+    scan_groups_force = v == 3 ? lab_groups : 0;
     bool w = scan_uses_wmma(s) && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
-    return v == 1 ? !w : w;
+    if (v == 3) { return w && mixer_plan(s).scan_groups > 1; }
+    return v == 1 ? !w : (w && mixer_plan(s).scan_groups == 1);
 #endif
 }
 
@@ -233,7 +246,9 @@ static void delta_dev_alloc(DeltaDev& d, const ChunkShape& s, int precond) {
     // every flavour's buffers (the versions below run them all), the scalar scores' too whatever s's decay (gk 0)
     ChunkShape every = s;
     every.gk = 0;
-    mixer_scratch_add(ar, &d.sc, every, 1, 0, MixerPlan{});
+    MixerPlan all{};
+    all.scan_groups = LAB_MAX_GROUPS;
+    mixer_scratch_add(ar, &d.sc, every, 1, 0, all);
     if (precond) {
         precond_scratch_add(ar, &d.pb, s.nq, K);
         ar.add(&d.pb.astat, rows * K);
@@ -281,6 +296,9 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
     if (!two_keys) { for (size_t i = 0; i < r.dk.size(); i++) { r.dk[i] += r.dkt[i]; } } // the fold
     int NC = h.Tp / C, BH = B * H;
     ChunkShape s{B, H, T, h.Tp, C, NC, K, V, gk, (long)BH * NC};
+#ifndef ENABLE_FP32
+    lab_groups = cdiv(NC, 2); // v3: groups of 2 chunks (NC = 4, 7, 13: the last group shorter where NC is odd)
+#endif
     DeltaDev d{};
     delta_dev_alloc(d, s, 0);
     size_t rows = (size_t)BH * h.Tp;
@@ -336,6 +354,9 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
 // timing: the paper's Fig. 4 shape
 
 static void bench(int version_sel) {
+#ifndef ENABLE_FP32
+    lab_groups = -1; // v3: the trainer's rule
+#endif
     const int B = 1, H = 8, K = 128, V = 128, TMAX = 16384;
     const int Ts[4] = {2048, 4096, 8192, 16384};
     ChunkShape smax{B, H, TMAX, TMAX, CHUNK, TMAX / CHUNK, K, V, K, (long)B * H * (TMAX / CHUNK)};
