@@ -75,10 +75,10 @@ train_pdn: train_pdn.c $(HEADERS)
 
 # the CPU tests in fp32, and the gradient checks in fp64 (the same code, real = double)
 # (the tests include train_pdn.c without its main, hence -Wno-unused-function)
-test_pdn: test_pdn.c train_pdn.c $(HEADERS)
+test_pdn: test_pdn.c test_mqar.h train_pdn.c $(HEADERS)
 	$(CC) $(CFLAGS) -Wno-unused-function $< $(LDLIBS) -o $@
 
-test_pdn64: test_pdn.c train_pdn.c $(HEADERS)
+test_pdn64: test_pdn.c test_mqar.h train_pdn.c $(HEADERS)
 	$(CC) $(CFLAGS) -Wno-unused-function -DPDN_DOUBLE $< $(LDLIBS) -o $@
 
 test: train_pdn test_pdn test_pdn64 $(DATA_TOOLS)
