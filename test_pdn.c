@@ -669,6 +669,20 @@ static size_t read_state_of(const char* dir, long step, TrainState* st, real** m
     return lay.num_elems;
 }
 
+// a resumed run (base/c) against the uninterrupted one (base/a): the losses of steps from..to, the checkpoint and the
+// optimizer state of step `to`, bit for bit
+static void check_resumed(const char* base, int from, int to, const char* what) {
+    char pa[512], pb[512];
+    snprintf(pa, sizeof pa, "%s/a", base); snprintf(pb, sizeof pb, "%s/c", base);
+    log_losses(pa, from, to, la, sizeof la);
+    log_losses(pb, from, to, lb, sizeof lb);
+    CHECK(la[0] && strcmp(la, lb) == 0, "%s: resumed losses differ from the uninterrupted run:\n%s---\n%s", what, la, lb);
+    snprintf(pa, sizeof pa, "%s/a/model_%08d.bin", base, to); snprintf(pb, sizeof pb, "%s/c/model_%08d.bin", base, to);
+    CHECK(files_equal(pa, pb), "%s: resumed run's final checkpoint differs from the uninterrupted run's", what);
+    snprintf(pa, sizeof pa, "%s/a/state_%08d.bin", base, to); snprintf(pb, sizeof pb, "%s/c/state_%08d.bin", base, to);
+    CHECK(files_equal(pa, pb), "%s: resumed run's final optimizer state differs from the uninterrupted run's", what);
+}
+
 static void test_checkpoints_and_resume(void) {
     TestDir td;
     tdir_open(&td, "checkpoints");
@@ -695,14 +709,7 @@ static void test_checkpoints_and_resume(void) {
     CHECK(system(cmd) == 0, "copy failed");
     snprintf(cmd, sizeof cmd, "./train_pdn %s -o %s/c -y 1", flags, base);
     CHECK(run_cmd(cmd, outbuf, sizeof outbuf) == 0 && strstr(outbuf, "resuming from"), "resume run failed:\n%s", outbuf);
-    snprintf(pa, sizeof pa, "%s/a", base); snprintf(pb, sizeof pb, "%s/c", base);
-    log_losses(pa, 7, 12, la, sizeof la);
-    log_losses(pb, 7, 12, lb, sizeof lb);
-    CHECK(la[0] && strcmp(la, lb) == 0, "resumed losses differ from the uninterrupted run:\n%s---\n%s", la, lb);
-    snprintf(pa, sizeof pa, "%s/a/model_00000012.bin", base); snprintf(pb, sizeof pb, "%s/c/model_00000012.bin", base);
-    CHECK(files_equal(pa, pb), "resumed run's final checkpoint differs from the uninterrupted run's");
-    snprintf(pa, sizeof pa, "%s/a/state_00000012.bin", base); snprintf(pb, sizeof pb, "%s/c/state_00000012.bin", base);
-    CHECK(files_equal(pa, pb), "resumed run's final optimizer state differs from the uninterrupted run's");
+    check_resumed(base, 7, 12, "resume");
     printf("  resume: steps 7-12 after resuming from step 6 reproduce the uninterrupted losses, parameters and moments bit for bit\n");
     // changing the batch on resume is refused
     snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny -b 2 -t 32 --mqar-pairs 4 -x 12 -o %s/c -y 1", base);
@@ -2938,6 +2945,8 @@ static void run_robustness_tests(void) {
     test_logs();
 }
 
+#include "test_mqar.h"
+
 static void run_float_tests(void) {
     printf("chunkwise vs per-token mixer (fp32):\n");
     test_chunk_vs_token_fp32();
@@ -2963,6 +2972,7 @@ static void run_float_tests(void) {
     test_compare_tool();
     printf("learning:\n");
     test_mqar_learns();
+    run_mqar_zoology_tests();
     run_data_tests();
     run_text_tests();
     run_hf_tests();

@@ -25,9 +25,14 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
     X(S, val,           "-j", "--val",          "",     "text: validation token shards, a glob (none: no val loss)") \
     X(S, tokenizer,     NULL, "--tokenizer",    "",     "dir of encoder.json + vocab.bpe, or a .bin: decodes samples, encodes --prompt") \
     X(I, sample_every,  "-s", "--sample-every", "0",    "text: a decoded sample of -g tokens every N steps (0: never)") \
-    X(I, mqar_vocab,    NULL, "--mqar-vocab",   "64",   "MQAR vocabulary (keys < vocab/2 <= values)") \
+    X(I, mqar_vocab,    NULL, "--mqar-vocab",   "0",    "MQAR vocabulary, keys < vocab/2 <= values (0: 64 for pdn, 8192 for zoology)") \
     X(I, mqar_pairs,    NULL, "--mqar-pairs",   "8",    "MQAR key-value pairs per sequence") \
     X(F, mqar_power_a,  NULL, "--mqar-power-a", "0.01", "MQAR query placement power law") \
+    X(S, mqar_gen,      NULL, "--mqar-gen",     "pdn",  "MQAR generator: pdn (fresh examples every step) | zoology (Zoology's fixed train/test sets)") \
+    X(L, mqar_train,    NULL, "--mqar-train",   "100000", "zoology: training-set examples (served in one fixed order, epoch after epoch)") \
+    X(L, mqar_test,     NULL, "--mqar-test",    "3000", "zoology: test-set examples (all of them at every evaluation)") \
+    X(L, mqar_data_seed, NULL, "--mqar-data-seed", "123", "zoology: seed of the training and test sets (Zoology's DataConfig.seed)") \
+    X(F, mqar_stop_acc, NULL, "--mqar-stop-acc", "0",   "MQAR: stop after an evaluation whose accuracy exceeds this fraction (Zoology: 0.99; 0: never)") \
     X(I, B,             "-b", "--batch",        "16",   "micro-batch size (sequences)") \
     X(I, T,             "-t", "--seq-len",      "64",   "sequence length (MQAR: the example length)") \
     X(L, total_batch,   "-d", "--total-batch",  "0",    "tokens per optimizer step (0: B*T); must be a multiple of B*T") \
@@ -83,6 +88,7 @@ typedef struct {
     int count_params;   // --count-params: print the parameter count and exit
     int grad_accum;     // derived: total_batch / (B*T)
     int chunk_form;     // derived: 1 = chunkwise mixer, 0 = per-token
+    int mqar_zoology;   // derived: 1 = --mqar-gen zoology
 } TrainConfig;
 
 typedef struct { char type; const char *name, *sflag, *lflag, *def, *help; size_t offset; } TrainField;
@@ -259,7 +265,17 @@ static void train_config_check(TrainConfig* tc, int nproc) {
         fail(EXIT_USAGE, "-s (samples) is for text (-i) and needs --tokenizer: samples start from its <|endoftext|> and "
              "are decoded with it");
     }
-    if (tc->val_batches == -1 && !tc->train[0]) {
+    if (strcmp(tc->mqar_gen, "pdn") == 0) { tc->mqar_zoology = 0; }
+    else if (strcmp(tc->mqar_gen, "zoology") == 0) { tc->mqar_zoology = 1; }
+    else { fail(EXIT_USAGE, "--mqar-gen must be pdn or zoology, got '%s'", tc->mqar_gen); }
+    if (tc->mqar_zoology && tc->train[0]) { fail(EXIT_USAGE, "--mqar-gen zoology is for MQAR, not for text (-i)"); }
+    if (tc->mqar_vocab < 0 || tc->mqar_train < 1 || tc->mqar_train > INT_MAX || tc->mqar_test < 1 || tc->mqar_test > INT_MAX) {
+        fail(EXIT_USAGE, "need --mqar-vocab >= 0 and 1 <= --mqar-train, --mqar-test <= %d", INT_MAX);
+    }
+    if (!(tc->mqar_stop_acc >= 0 && tc->mqar_stop_acc <= 1)) {
+        fail(EXIT_USAGE, "--mqar-stop-acc is a fraction in [0, 1] (Zoology stops above 0.99; 0: never), got %g", tc->mqar_stop_acc);
+    }
+    if (tc->val_batches == -1 && !tc->train[0] && !tc->mqar_zoology) {
         fail(EXIT_USAGE, "-m -1 (the whole validation split) is for text (-i/-j); MQAR's held-out stream has no end");
     }
     if (tc->resume && !tc->out_dir[0]) { fail(EXIT_USAGE, "-y 1 (resume) needs -o DIR, the directory holding the checkpoints"); }
@@ -349,19 +365,20 @@ static void print_config_box(const PdnConfig* mc, const TrainConfig* tc, const P
 //
 //   PDNSTATE / version 1 / header_bytes / dtype (of m and v) / num_elems / step / model_crc (CRC of the
 //   checkpoint file written with it: the pair must match) / batch, seq_len, grad_accum, nproc (must match on
-//   resume for the data order to continue exactly) / data_source (mqar | text: the kind of data source, which a
-//   resume must use too) / data_state (up to 16 u64 of the data source's position) / crc32 / end, then
+//   resume for the data order to continue exactly) / data_source (mqar | text | mqar-zoology: the kind of data
+//   source, which a resume must use too) / data_state (up to 16 u64 of the data source's position) / crc32 / end, then
 //   m[num_elems], v[num_elems]
 
 #define DATA_STATE_MAX 16
 #define DATA_MQAR 0
 #define DATA_TEXT 1
-static const char* const DATA_KIND_NAME[2] = {"mqar", "text"};
+#define DATA_ZOOLOGY 2
+static const char* const DATA_KIND_NAME[3] = {"mqar", "text", "mqar-zoology"};
 typedef struct {
     long step;
     uint32_t model_crc;
     int B, T, grad_accum, nproc;
-    int data_kind;      // DATA_MQAR (0, what a zeroed state means) | DATA_TEXT
+    int data_kind;      // DATA_MQAR (0, what a zeroed state means) | DATA_TEXT | DATA_ZOOLOGY
     int n_data;
     uint64_t data[DATA_STATE_MAX];
 } TrainState;
@@ -371,7 +388,7 @@ static void state_header(TextBuf* tb, const TrainState* s, size_t num_elems, con
     tb_printf(tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nstep %ld\nmodel_crc %08x\n"
               "batch %d\nseq_len %d\ngrad_accum %d\nnproc %d\ndata_source %s\ndata_state %d", PDN_STATE_MAGIC, PDN_CKPT_VERSION,
               dtype, num_elems, s->step, s->model_crc, s->B, s->T, s->grad_accum, s->nproc,
-              DATA_KIND_NAME[s->data_kind == DATA_TEXT], s->n_data);
+              DATA_KIND_NAME[s->data_kind], s->n_data);
     for (int i = 0; i < s->n_data; i++) { tb_printf(tb, " %016llx", (unsigned long long)s->data[i]); }
     tb_printf(tb, "\n");
 }
@@ -419,8 +436,9 @@ static void state_read(const char* path, TrainState* s, void* m, void* v, size_t
     s->model_crc = (uint32_t)strtoul(val, NULL, 16);
     s->data_kind = DATA_MQAR;   // state files written before text training have no data_source line: all MQAR
     if (header_get(&h, "data_source", val, sizeof val)) {
-        if (strcmp(val, DATA_KIND_NAME[DATA_TEXT]) == 0) { s->data_kind = DATA_TEXT; }
-        else if (strcmp(val, DATA_KIND_NAME[DATA_MQAR]) != 0) { fail(EXIT_BADFILE, "%s: unknown data_source '%s'", path, val); }
+        s->data_kind = -1;
+        for (int k = 0; k < 3; k++) { if (strcmp(val, DATA_KIND_NAME[k]) == 0) { s->data_kind = k; } }
+        if (s->data_kind < 0) { fail(EXIT_BADFILE, "%s: unknown data_source '%s'", path, val); }
     }
     if (!header_get(&h, "data_state", val, sizeof val)) { fail(EXIT_BADFILE, "%s: no data_state line", path); }
     char* p = val;
@@ -842,8 +860,8 @@ static void warn_eigen_bound(const PdnConfig* mc) {
 }
 
 // the MQAR task must fit the model
-static void check_task(const MqarConfig* mq, const PdnConfig* mc) {
-    const char* merr = mqar_check(mq);
+static void check_task(const MqarConfig* mq, int zoology, const PdnConfig* mc) {
+    const char* merr = zoology ? mqar_check_zoology(mq) : mqar_check(mq);
     if (merr) { fail(EXIT_USAGE, "%s", merr); }
     if (mq->vocab > mc->vocab_size) {
         fail(EXIT_USAGE, "MQAR vocabulary %d is larger than the model's vocabulary %d (set --vocab or --mqar-vocab)", mq->vocab, mc->vocab_size);
@@ -863,25 +881,30 @@ static void print_step(Logger* lg, const TrainConfig* tc, long step, double loss
 }
 
 // ----------------------------------------------------------------------------------------------------
-// the data source: what a trainer learns from, either MQAR (mqar.h, generated from a seeded stream; the default)
-// or text from token shards (dataloader.h; -i TRAIN_GLOB, -j VAL_GLOB). It deals only in int tokens and targets,
-// so both trainers share it:
+// the data source: what a trainer learns from, either MQAR (mqar.h; the default: generated from a seeded stream, or
+// with --mqar-gen zoology Zoology's fixed training and test sets) or text from token shards (dataloader.h; -i
+// TRAIN_GLOB, -j VAL_GLOB). It deals only in int tokens and targets, so both trainers share it:
 //   data_init             opens it, and fills in the model's vocabulary where the preset leaves it at 0
 //   data_next             one micro-batch x[B*T], y[B*T] (text: y = the next tokens; MQAR: -1 where no target)
 //   data_save / restore   its position in the training state (data_kind, n_data, data[]), so -y 1 is exact
 //   data_val_begin / next the held-out batches of one evaluation, the same ones every time: MQAR a fixed stream
-//                         (-m batches), text the first -m batches of the validation split (-1: all of it)
+//                         (-m batches), Zoology's MQAR its whole test set, text the first -m batches of the
+//                         validation split (-1: all of it)
 // Processes: rank `rank` of `world` gets its own micro-batches. Text: the loader's slicing. MQAR: every rank draws
-// the world batches of a micro-step from the one stream and keeps its own, so the saved position is the same on
-// every rank and world = 1 is the single-process stream. Held-out batches are the same on every rank for MQAR;
-// for text each rank evaluates its slice of the validation split.
+// the world batches of a micro-step from the one stream and keeps its own (Zoology's: batch r of each group of world
+// in the training order), so the saved position is the same on every rank and world = 1 is the single-process
+// stream. Held-out batches are the same on every rank for MQAR; for text each rank evaluates its slice of the
+// validation split.
 
 typedef struct {
-    int kind;                 // DATA_MQAR | DATA_TEXT
+    int kind;                 // DATA_MQAR | DATA_TEXT | DATA_ZOOLOGY (MQAR with Zoology's generator)
     int B, T, rank, world;
     uint64_t seed;
     MqarConfig mq;            // MQAR: the task,
     Rng rng, val_rng;         //   the training stream (4 words: its whole position) and the held-out stream
+    uint64_t train_seed, test_seed; // Zoology's: the two sets' seeds,
+    long n_train, n_test;     //   their sizes,
+    long zpos, vpos;          //   batches of the training order served so far (every rank's), the next test batch
     int *xs, *ys;             //   with world > 1: where the other ranks' batches are drawn and dropped
     DataLoader train, val;    // text: the training loader (shuffled by --seed) and, if has_val, the validation one
     int has_val;
@@ -919,9 +942,12 @@ static void data_init(DataSource* ds, const TrainConfig* tc, int tok_vocab, int*
     memset(ds, 0, sizeof(*ds));
     ds->B = tc->B; ds->T = tc->T; ds->rank = rank; ds->world = world; ds->seed = (uint64_t)tc->seed;
     if (!tc->train[0]) {
-        ds->kind = DATA_MQAR;
-        ds->mq.vocab = tc->mqar_vocab; ds->mq.seq_len = tc->T; ds->mq.pairs = tc->mqar_pairs; ds->mq.power_a = tc->mqar_power_a;
-        if (*vocab_size == 0) { *vocab_size = tc->mqar_vocab; }
+        ds->kind = tc->mqar_zoology ? DATA_ZOOLOGY : DATA_MQAR;
+        int vocab = tc->mqar_vocab ? tc->mqar_vocab : tc->mqar_zoology ? 8192 : 64; // Zoology's default vocabulary
+        ds->mq.vocab = vocab; ds->mq.seq_len = tc->T; ds->mq.pairs = tc->mqar_pairs; ds->mq.power_a = tc->mqar_power_a;
+        if (*vocab_size == 0) { *vocab_size = vocab; }
+        mqar_zoology_seeds((uint64_t)tc->mqar_data_seed, &ds->train_seed, &ds->test_seed);
+        ds->n_train = tc->mqar_train; ds->n_test = tc->mqar_test;
         uint64_t sm = ds->seed ^ 0x7261696E;
         rng_seed(&ds->rng, splitmix64(&sm));
         ds->val_batches = tc->val_batches;
@@ -983,15 +1009,33 @@ static void data_loader_batch(DataLoader* dl, int* x, int* y) {
 // one micro-batch of this rank: x, y of B*T ints
 static void data_next(DataSource* ds, int* x, int* y) {
     if (ds->kind == DATA_TEXT) { data_loader_batch(&ds->train, x, y); return; }
+    if (ds->kind == DATA_ZOOLOGY) { // batch g of the order: the epoch's batch g % nb, the last one short
+        long nb = (ds->n_train + ds->B - 1) / ds->B, g = ds->zpos + ds->rank;
+        ds->zpos += ds->world;
+        mqar_zoology_batch(&ds->mq, ds->train_seed, ds->n_train, (g % nb) * ds->B, ds->B, x, y);
+        return;
+    }
     for (int r = 0; r < ds->world; r++) {
         mqar_batch(&ds->mq, &ds->rng, ds->B, r == ds->rank ? x : ds->xs, r == ds->rank ? y : ds->ys);
     }
 }
 
-// the position, into the training state: MQAR the 4 words of its stream, text the loader's 9 words
+// Zoology's MQAR in the training state: the batches served, then the settings that make the sets (a resume must
+// make the same ones)
+#define ZOOLOGY_STATE_WORDS 8
+static void data_zoology_words(const DataSource* ds, uint64_t* w) {
+    uint32_t pa;
+    memcpy(&pa, &ds->mq.power_a, sizeof pa);
+    w[0] = (uint64_t)ds->zpos; w[1] = ds->train_seed; w[2] = ds->test_seed; w[3] = (uint64_t)ds->n_train;
+    w[4] = (uint64_t)ds->n_test; w[5] = (uint64_t)ds->mq.vocab; w[6] = (uint64_t)ds->mq.pairs; w[7] = pa;
+}
+
+// the position, into the training state: MQAR the 4 words of its stream, Zoology's MQAR its 8 words, text the
+// loader's 9 words
 static void data_save(const DataSource* ds, TrainState* st) {
     st->data_kind = ds->kind;
     if (ds->kind == DATA_TEXT) { dataloader_save_state(&ds->train, st->data, &st->n_data); return; }
+    if (ds->kind == DATA_ZOOLOGY) { data_zoology_words(ds, st->data); st->n_data = ZOOLOGY_STATE_WORDS; return; }
     st->n_data = 4;
     for (int i = 0; i < 4; i++) { st->data[i] = ds->rng.s[i]; }
 }
@@ -999,13 +1043,26 @@ static void data_save(const DataSource* ds, TrainState* st) {
 // continue from a saved position; a state saved by the other kind of data source is refused (exit 1), as is a text
 // position saved with other loader settings or other shards (the loader's fingerprint)
 static void data_restore(DataSource* ds, const TrainState* st, const char* path) {
+    static const char* const what[3] = {"MQAR (no -i)", "text (-i)", "Zoology's MQAR (--mqar-gen zoology)"};
+    static const char* const how[3] = {"no -i or -j, --mqar-gen pdn", "-i TRAIN_GLOB, and -j VAL_GLOB if it had one",
+                                       "--mqar-gen zoology"};
     if (st->data_kind != ds->kind) {
         fail(EXIT_USAGE, "%s was written by a run training on %s, but this run trains on %s\n  hint: resume with the "
-             "data flags of that run (%s)", path, st->data_kind == DATA_TEXT ? "text (-i)" : "MQAR (no -i)",
-             ds->kind == DATA_TEXT ? "text (-i)" : "MQAR (no -i)",
-             st->data_kind == DATA_TEXT ? "-i TRAIN_GLOB, and -j VAL_GLOB if it had one" : "no -i or -j");
+             "data flags of that run (%s)", path, what[st->data_kind], what[ds->kind], how[st->data_kind]);
     }
     if (ds->kind == DATA_TEXT) { dataloader_restore_state(&ds->train, st->data, st->n_data); return; }
+    if (ds->kind == DATA_ZOOLOGY) {
+        uint64_t w[ZOOLOGY_STATE_WORDS];
+        data_zoology_words(ds, w);
+        if (st->n_data != ZOOLOGY_STATE_WORDS) { fail(EXIT_BADFILE, "%s: the data position is not Zoology's MQAR's", path); }
+        if (memcmp(w + 1, st->data + 1, (ZOOLOGY_STATE_WORDS - 1) * sizeof(uint64_t)) != 0) {
+            fail(EXIT_USAGE, "%s was written with other Zoology MQAR data (seeds, set sizes, vocab, pairs or power_a)\n  "
+                 "hint: resume with that run's --mqar-data-seed, --mqar-train, --mqar-test, --mqar-vocab, --mqar-pairs and "
+                 "--mqar-power-a", path);
+        }
+        ds->zpos = (long)st->data[0];
+        return;
+    }
     if (st->n_data != 4) { fail(EXIT_BADFILE, "%s: the data position is not an MQAR stream's", path); }
     for (int i = 0; i < 4; i++) { ds->rng.s[i] = st->data[i]; }
 }
@@ -1016,19 +1073,21 @@ static long data_val_begin(DataSource* ds) {
         if (ds->has_val) { dataloader_reset(&ds->val); }
         return ds->has_val ? ds->val_batches : 0;
     }
+    if (ds->kind == DATA_ZOOLOGY) { ds->vpos = 0; return (ds->n_test + ds->B - 1) / ds->B; } // the last one short
     rng_seed(&ds->val_rng, ds->seed ^ 0x5EED0F7E57DA7AULL);
     return ds->val_batches;
 }
 
 static void data_val_next(DataSource* ds, int* x, int* y) {
     if (ds->kind == DATA_TEXT) { data_loader_batch(&ds->val, x, y); return; }
+    if (ds->kind == DATA_ZOOLOGY) { mqar_zoology_batch(&ds->mq, ds->test_seed, ds->n_test, ds->vpos++ * ds->B, ds->B, x, y); return; }
     mqar_batch(&ds->mq, &ds->val_rng, ds->B, x, y);
 }
 
 // the data and the tokenizer must fit the model (MQAR: check_task). A tokenizer larger than the model's vocabulary
 // is refused here rather than by the loader at the first out-of-range id, maybe hours into the run.
 static void data_check_task(const DataSource* ds, const Tokenizer* tok, const PdnConfig* mc) {
-    if (ds->kind == DATA_MQAR) { check_task(&ds->mq, mc); return; }
+    if (ds->kind != DATA_TEXT) { check_task(&ds->mq, ds->kind == DATA_ZOOLOGY, mc); return; }
     if (tok && tok->vocab_size > mc->vocab_size) {
         fail(EXIT_USAGE, "the tokenizer has %d tokens, more than the model's vocabulary of %d\n  hint: set --vocab %d, or "
              "give the tokenizer the shards were made with", tok->vocab_size, mc->vocab_size, tok->vocab_size);
@@ -1041,6 +1100,13 @@ static void data_describe(const DataSource* ds, int vocab_size) {
     if (ds->kind == DATA_MQAR) {
         printf("MQAR: vocab %d, length %d, %d pairs; chance accuracy ~%.1f%%\n", ds->mq.vocab, ds->mq.seq_len, ds->mq.pairs,
                100.0 / (ds->mq.vocab / 2));
+        return;
+    }
+    if (ds->kind == DATA_ZOOLOGY) {
+        printf("MQAR (Zoology's generator): vocab %d, length %d, %d pairs, power_a %g; train set %ld examples (seed %llu, "
+               "%ld batches an epoch, one order), test set %ld (seed %llu); chance accuracy ~%.2f%%\n", ds->mq.vocab,
+               ds->mq.seq_len, ds->mq.pairs, ds->mq.power_a, ds->n_train, (unsigned long long)ds->train_seed,
+               (ds->n_train + ds->B - 1) / ds->B, ds->n_test, (unsigned long long)ds->test_seed, 100.0 / (ds->mq.vocab / 2));
         return;
     }
     printf("text: train %llu tokens in %d shard%s (%llu windows of %d x %d, shuffled by --seed); vocab %d (%s)\n",
@@ -1126,8 +1192,9 @@ static Tokenizer* run_setup(TrainConfig* tc, PdnConfig* mc, real** loaded, uint3
 
 // the evaluation line and its log twin; *final_val keeps the last text val loss (for the closing line)
 static void report_eval(Logger* lg, const DataSource* ds, long step, double vl, double va, long nb, int B, long N, double* final_val) {
-    if (ds->kind == DATA_MQAR) {
-        printf("val | step %ld | loss %.6f | recall accuracy %.2f%% (%ld held-out sequences)\n", step, vl, 100 * va, nb * B);
+    if (ds->kind != DATA_TEXT) { // Zoology's: the whole test set, the last batch's padding rows left out
+        printf("val | step %ld | loss %.6f | recall accuracy %.2f%% (%ld held-out sequences)\n", step, vl, 100 * va,
+               ds->kind == DATA_ZOOLOGY ? ds->n_test : nb * B);
         logger_printf(lg, "s:%ld vl:%.6f vacc:%.4f\n", step, vl, va);
     } else if (nb) {
         printf("val | step %ld | loss %.6f (%ld batches, %ld tokens)\n", step, vl, nb, nb * N);
@@ -1317,6 +1384,8 @@ static long run_evaluate(Trainer* tr, const Run* r, int* x, int* y, double* loss
         tr_sum(tr, v, 3);
         batches *= r->world;
     }
+    // MQAR: Zoology averages each example's accuracy over the examples; every example has exactly `pairs` targets
+    // (padding rows none), so that mean is this ratio
     *loss = v[1] > 0 ? v[0] / v[1] : 0.0;
     *acc = v[1] > 0 ? v[2] / v[1] : 0.0;
     return batches;
@@ -1450,6 +1519,7 @@ static void stop_on_signals(void) {
 // finite stops the run or, with --skip-nonfinite, drops the step's update; an update that makes a parameter or a moment
 // non-finite stops it), the clipped AdamW update and the step line, then on their schedules the evaluation (-v, and at
 // the end), a sample (-s) and a checkpoint (-n, and at the end, with -o); a signal stops it after the step (above).
+// MQAR with --mqar-stop-acc: an evaluation above it ends the run there (Zoology's early stopping), as a last step does.
 // Returns the exit code: 0, or EXIT_STOPPED.
 static int run_train(Trainer* tr, Run* r) {
     TrainConfig* tc = r->tc;
@@ -1514,6 +1584,13 @@ static int run_train(Trainer* tr, Run* r) {
             double vl, va;
             long nb = run_evaluate(tr, r, x, y, &vl, &va);
             report_eval(&r->lg, ds, step + 1, vl, va, nb, tc->B, (long)N, &r->final_val);
+            if (ds->kind != DATA_TEXT && tc->mqar_stop_acc > 0 && va > tc->mqar_stop_acc && !last) {
+                // every process evaluates the same batches with the same parameters: all stop at this step
+                printf("early stop at step %ld: recall accuracy %.2f%% > %.2f%% (--mqar-stop-acc)\n", step + 1, 100 * va,
+                       100.0 * tc->mqar_stop_acc);
+                logger_printf(&r->lg, "s:%ld early_stop vacc:%.4f\n", step + 1, va);
+                last = 1;
+            }
         }
         if (r->sample_start >= 0 && tc->gen_tokens > 0 && r->rank == 0 && ((step + 1) % tc->sample_every == 0 || last)) {
             run_sample(tr, r, step + 1);
@@ -1530,6 +1607,7 @@ static int run_train(Trainer* tr, Run* r) {
             rc = EXIT_STOPPED;
             break;
         }
+        if (last) { break; }
     }
     r->seconds = wall_seconds() - t_start;
     free(x);
