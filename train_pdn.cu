@@ -3659,8 +3659,8 @@ struct MixerPlan {
 };
 // Chunk groups for the tensor-core scans: enough (b, h, 32-column) blocks for two per multiprocessor, with at least 4
 // chunks a group; 1 where the sequential scan already fills the device (the 16 x 2048 training shape has 512 blocks).
-// SCAN_GROUPS_DEFAULT is 0 until dev/cuda/delta_chunk's v3 has validated the two-level scans on a GPU: until then the
-// trainer runs the sequential scan. scan_groups_force (the kernel lab): > 0 that many groups, -1 the rule below anyway.
+// SCAN_GROUPS_DEFAULT is 0: dev/cuda/delta_chunk's v3 found the two-level scans correct but slower than the sequential
+// scan at every length on the H200 (2026-12-02; README "GPU numbers"), so the trainer runs the sequential scan. scan_groups_force (the kernel lab): > 0 that many groups, -1 the rule below anyway.
 #define SCAN_GROUPS_DEFAULT 0
 #ifndef ENABLE_FP32
 static int scan_groups_force = 0;

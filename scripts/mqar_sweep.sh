@@ -4,8 +4,8 @@
 # cell, as Zoology reports it) and several seeds (mean +- std). README "MQAR as Zoology runs it" says what was chosen
 # and why.
 #
-#   scripts/mqar_sweep.sh OUTDIR            the default grid on one GPU (train_pdncu): ~8 minutes on an H200
-#   FULL=1 scripts/mqar_sweep.sh OUTDIR     the full grid (3 learning rates, 4000 steps): ~1.8 h on one H200
+#   scripts/mqar_sweep.sh OUTDIR            the default grid on one GPU (train_pdncu): ~11 minutes on an H200 (measured 2026-12-02; too short to learn: README)
+#   FULL=1 scripts/mqar_sweep.sh OUTDIR     the full grid (3 learning rates, 4000 steps): ~2.6 h on one H200 (from the default grid's run times)
 #   SMOKE=1 scripts/mqar_sweep.sh OUTDIR    a tiny grid on the CPU (train_pdn): every variant, one length, one seed
 #
 # Writes OUTDIR/runs.tsv (one line per run), OUTDIR/summary.tsv and summary.md (best lr per cell, mean +- std over
