@@ -59,6 +59,17 @@ endif
 # -I/-D flags are taken for compiling and -L/-l for linking). Without NCCL the trainer is single-GPU and says so.
 ifneq ($(NVCC),)
   CUDA_HOME ?= $(abspath $(dir $(NVCC))..)
+  # cuDNN (the bf16 build's fused attention, issue 19): used if a test program compiles and links with it (NO_CUDNN=1
+  # turns it off); without it the attention layers run the trainer's own kernels and the kernel plan says so
+  ifneq ($(NO_CUDNN),1)
+    CUDNN_OK := $(shell printf '#include <cudnn_graph.h>\nint main(void){return cudnnGetVersion() == 0;}\n' | \
+                  $(CC) -x c - -I$(CUDA_HOME)/include -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lcudnn -o /dev/null 2>/dev/null && echo yes)
+  endif
+  ifeq ($(CUDNN_OK),yes)
+    NVLDLIBS += -lcudnn
+  else
+    NVCCFLAGS += -DNO_CUDNN
+  endif
   ifneq ($(NO_NCCL),1)
     NCCL_OK := $(shell printf '#include <nccl.h>\nint main(void){int v; return ncclGetVersion(&v) != 0;}\n' | \
                  $(CC) -x c - -I$(CUDA_HOME)/include -L$(CUDA_HOME)/lib64 -L$(CUDA_HOME)/lib -lnccl -o /dev/null 2>/dev/null && echo yes)
@@ -99,7 +110,7 @@ CUDA_CONFIG := $(NVCC) $(NVCCFLAGS) $(NVLDLIBS) $(DIST_FLAGS) $(DIST_LIBS) | $(D
 CPU_STAMP = .build/cpu.config
 CUDA_STAMP = .build/cuda.config
 
-.PHONY: all test test-asan clean cuda config FORCE
+.PHONY: all test test-asan clean cuda config cudnn-ok FORCE
 
 all: train_pdn test_pdn test_pdn64 $(DATA_TOOLS)
 
@@ -108,6 +119,10 @@ $(CPU_STAMP): FORCE
 
 $(CUDA_STAMP): FORCE
 	@mkdir -p $(@D); printf '%s\n' '$(CUDA_CONFIG)' | cmp -s - $@ || printf '%s\n' '$(CUDA_CONFIG)' > $@
+
+# yes if the CUDA builds use cuDNN (dev/cuda/Makefile asks)
+cudnn-ok:
+	@echo "$(if $(CUDNN_OK),yes,no)"
 
 # what this make found and will use
 config:
@@ -118,6 +133,7 @@ config:
 	@echo "MPI_CFLAGS $(MPI_CFLAGS)"
 	@echo "MPI_LDLIBS $(MPI_LDLIBS)"
 	@echo "$(if $(NVCC),$(DIST_MSG),multi-GPU: no (no nvcc))"
+	@echo "cuDNN      $(if $(CUDNN_OK),yes (the bf16 build's fused attention),no (own attention kernels))"
 
 # (the trainer uses part of the header-only data path, hence -Wno-unused-function)
 train_pdn: train_pdn.c $(HEADERS) $(CPU_STAMP)

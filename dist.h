@@ -408,7 +408,7 @@ static void zero_plan_build(const PdnConfig* c, const PdnLayout* lay, int world,
             if (!t->numel) { continue; }
             size_t flat;
             if (b == 0) { if (t->per_layer || i == T_WTE) { continue; } flat = t->offset; }             // final norm, head
-            else if (b <= L) { if (!t->per_layer) { continue; } flat = t->offset + (size_t)(L - b) * t->layer_numel; }
+            else if (b <= L) { if (!pdn_layer_has(c, t, L - b)) { continue; } flat = pdn_slice(lay, i, L - b); }
             else { if (i != T_WTE) { continue; } flat = t->offset; }                                        // embedding
             ZeroRange* r = &zp->ranges[zp->n_ranges++];
             r->flat = flat; r->packed = packed; r->n = t->per_layer ? t->layer_numel : t->numel; r->tensor = i;

@@ -572,6 +572,12 @@ static const HfKey HF_KEYS_PKDA_ATK[] = {   // PKDA's preconditioner gate is a_p
     {T_WAP, "attn.a_proj.weight"}, {T_WBP, "attn.b_atk_proj.weight"}, {T_A_LOGP, "attn.A_log_atk"},
     {T_DT_BIASP, "attn.dt_bias_atk"}, {T_LOG_ATK_SCALE, "attn.log_atk_scale"},
 };
+// an attention layer (fla/layers/attn.py, Attention with qkv_bias false) keeps the block's norms and MLP
+static const HfKey HF_KEYS_ATTN[] = {
+    {T_ATTN_NORM, "attn_norm.weight"}, {T_AQ, "attn.q_proj.weight"}, {T_AK, "attn.k_proj.weight"},
+    {T_AV, "attn.v_proj.weight"}, {T_AO, "attn.o_proj.weight"}, {T_MLP_NORM, "mlp_norm.weight"},
+    {T_WGATE, "mlp.gate_proj.weight"}, {T_WUP, "mlp.up_proj.weight"}, {T_WDOWN, "mlp.down_proj.weight"},
+};
 #define HF_NKEYS(a) ((int)(sizeof(a) / sizeof(a[0])))
 
 // The fla class of a config, or -1 with *why set when fla has none for it.
@@ -615,6 +621,14 @@ static int hf_tensors(const PdnConfig* c, int cls, int rows, HfTensor* t) {
     int n = 0, H = c->n_head;
     hf_put(t, &n, "model.embeddings.weight", -1, T_WTE, 0, 2, rows, c->d_model, 0);
     for (int l = 0; l < c->n_layer; l++) {
+        if (pdn_is_attn(c, l)) {
+            for (int k = 0; k < HF_NKEYS(HF_KEYS_ATTN); k++) {
+                const PdnTensor* pt = &lay.t[HF_KEYS_ATTN[k].id];
+                if (pt->ndim == 3) { hf_put(t, &n, HF_KEYS_ATTN[k].key, l, HF_KEYS_ATTN[k].id, 0, 2, pt->shape[1], pt->shape[2], 0); }
+                else { hf_put(t, &n, HF_KEYS_ATTN[k].key, l, HF_KEYS_ATTN[k].id, 0, 1, pt->shape[1], 0, 0); }
+            }
+            continue;
+        }
         const HfKey* sets[4] = {HF_KEYS_COMMON, NULL, NULL, NULL};
         int counts[4] = {HF_NKEYS(HF_KEYS_COMMON), 0, 0, 0};
         if (c->decay == DECAY_SCALAR) { sets[1] = HF_KEYS_SCALAR; counts[1] = HF_NKEYS(HF_KEYS_SCALAR); }
@@ -697,8 +711,25 @@ static void hf_write_config(const char* path, const PdnConfig* c, int cls, int v
     tb_printf(&tb, "  \"vocab_size\": %d,\n  \"tie_word_embeddings\": %s,\n", vocab, c->tie_embeddings ? "true" : "false");
     if (eot >= 0) { tb_printf(&tb, "  \"bos_token_id\": %d,\n  \"eos_token_id\": %d,\n", eot, eot); }
     else { tb_printf(&tb, "  \"bos_token_id\": null,\n  \"eos_token_id\": null,\n"); }
-    tb_printf(&tb, "  \"pad_token_id\": null,\n  \"max_position_embeddings\": 2048,\n  \"initializer_range\": 0.02,\n"
-              "  \"attn\": null,\n  \"use_cache\": true,\n  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n"
+    tb_printf(&tb, "  \"pad_token_id\": null,\n  \"max_position_embeddings\": 2048,\n  \"initializer_range\": 0.02,\n");
+    // fla's hybrid attention spec (fla/models/hybrid.py): one for every attention layer; window_size null = full causal
+    if (layerset_count(&c->attn_layers)) {
+        tb_printf(&tb, "  \"attn\": {\n    \"layers\": [");
+        for (int l = 0, first = 1; l < c->n_layer; l++) {
+            if (pdn_is_attn(c, l)) { tb_printf(&tb, first ? "%d" : ", %d", l); first = 0; }
+        }
+        tb_printf(&tb, "],\n    \"num_heads\": %d,\n    \"num_kv_heads\": %d,\n    \"qkv_bias\": false,\n", c->attn_heads,
+                  c->attn_kv_heads);
+        if (c->attn_window) { tb_printf(&tb, "    \"window_size\": %d,\n", c->attn_window); }
+        else { tb_printf(&tb, "    \"window_size\": null,\n"); }
+        tb_printf(&tb, "    \"rope_theta\": ");
+        if (c->rope_theta == floorf(c->rope_theta) && c->rope_theta < 1e9f) { tb_printf(&tb, "%.1f", c->rope_theta); }   // 10000.0, as Python
+        else { json_float(&tb, c->rope_theta); }
+        tb_printf(&tb, "\n  },\n");
+    } else {
+        tb_printf(&tb, "  \"attn\": null,\n");
+    }
+    tb_printf(&tb, "  \"use_cache\": true,\n  \"fuse_norm\": true,\n  \"fuse_swiglu\": true,\n"
               "  \"fuse_cross_entropy\": true,\n  \"fuse_linear_cross_entropy\": false,\n  \"use_l2warp\": false,\n"
               "  \"torch_dtype\": \"%s\"\n}\n", bf16 ? "bfloat16" : "float32");
     ByteBuf b = {(uint8_t*)tb.s, tb.len, tb.cap};
@@ -727,6 +758,63 @@ static long long hfc_int(HfCfg* h, const char* key, long long def) { const JNode
 static double hfc_num(HfCfg* h, const char* key, double def) { const JNode* x = hfc_field(h, key, J_NUM, 0, "a number"); return x ? x->num : def; }
 static int hfc_bool(HfCfg* h, const char* key, int def) { const JNode* x = hfc_field(h, key, J_BOOL, 0, "true or false"); return x ? (int)x->num : def; }
 static const char* hfc_str(HfCfg* h, const char* key, const char* def) { const JNode* x = hfc_field(h, key, J_STR, 0, "a string"); return x ? x->str : def; }
+
+// fla's "attn" (one spec, or a list of them: fla/models/hybrid.py) into c's attention fields; NULL, or why pdn.c cannot
+// hold it (pdn.c has one setting of heads, window and theta for all its attention layers). num_hidden_layers must
+// be read first (the layer indices are checked against it by pdn_config_check).
+static const char* hf_read_attn(const JDoc* d, int a, PdnConfig* c) {
+    static char err[200];
+    int specs[64], ns = 0;
+    if (d->v[a].type == J_OBJ) { specs[ns++] = a; }
+    else if (d->v[a].type == J_ARR) {
+        for (int k = d->v[a].child; k >= 0 && ns < 64; k = d->v[k].next) { specs[ns++] = k; }
+        if (d->v[a].n > 64 || ns == 0) { return "\"attn\" must hold 1 to 64 specifications"; }
+    } else { return "\"attn\" must be null, an object or a list of objects"; }
+    for (int i = 0; i < ns; i++) {
+        int o = specs[i];
+        if (d->v[o].type != J_OBJ) { return "each \"attn\" specification must be an object"; }
+        int kl = j_get(d, o, "layers"), kh = j_get(d, o, "num_heads"), kkv = j_get(d, o, "num_kv_heads");
+        int kb = j_get(d, o, "qkv_bias"), kw = j_get(d, o, "window_size"), kt = j_get(d, o, "rope_theta");
+        if (kl < 0 || d->v[kl].type != J_ARR || kh < 0 || d->v[kh].type != J_NUM || !d->v[kh].is_int) {
+            return "an \"attn\" specification needs \"layers\" (a list) and \"num_heads\" (an integer)";
+        }
+        int heads = (int)d->v[kh].ival, kv = heads, window = 0;
+        if (d->v[kh].ival < 1 || d->v[kh].ival > PDN_MAX_HEADS) { return "\"attn\" num_heads must be in 1..1024"; }
+        if (kkv >= 0 && d->v[kkv].type != J_NULL) {
+            if (d->v[kkv].type != J_NUM || !d->v[kkv].is_int || d->v[kkv].ival < 1 || d->v[kkv].ival > PDN_MAX_HEADS) {
+                return "\"attn\" num_kv_heads must be an integer in 1..1024";
+            }
+            kv = (int)d->v[kkv].ival;
+        }
+        if (kb >= 0 && !(d->v[kb].type == J_BOOL && d->v[kb].num == 0)) { return "\"attn\" qkv_bias true: pdn.c's attention has no biases"; }
+        if (kw >= 0 && d->v[kw].type != J_NULL) {
+            if (d->v[kw].type != J_NUM || !d->v[kw].is_int || d->v[kw].ival < 1 || d->v[kw].ival > 1000000000LL) {
+                return "\"attn\" window_size must be null or a positive integer";
+            }
+            window = (int)d->v[kw].ival;
+        }
+        double theta = 10000.0;
+        if (kt >= 0) {
+            if (d->v[kt].type != J_NUM || !(d->v[kt].num > 0) || !isfinite((float)d->v[kt].num)) { return "\"attn\" rope_theta must be a positive number"; }
+            theta = d->v[kt].num;
+        }
+        if (i > 0 && (heads != c->attn_heads || kv != c->attn_kv_heads || window != c->attn_window || (float)theta != c->rope_theta)) {
+            return "\"attn\" specifications with different heads, window or rope_theta: pdn.c has one setting for all its attention layers";
+        }
+        c->attn_heads = heads; c->attn_kv_heads = kv; c->attn_window = window; c->rope_theta = (float)theta;
+        for (int k = d->v[kl].child; k >= 0; k = d->v[k].next) {
+            const JNode* x = &d->v[k];
+            if (x->type != J_NUM || !x->is_int || x->ival < 0 || x->ival >= c->n_layer) {
+                snprintf(err, sizeof err, "\"attn\" layers must be integers in [0, num_hidden_layers = %d)", c->n_layer);
+                return err;
+            }
+            if (pdn_is_attn(c, (int)x->ival)) { snprintf(err, sizeof err, "\"attn\" names layer %lld twice", x->ival); return err; }
+            c->attn_layers.w[x->ival >> 6] |= 1ull << (x->ival & 63);
+        }
+    }
+    if (!layerset_count(&c->attn_layers)) { return "\"attn\" names no layers"; }
+    return NULL;
+}
 
 // Reads config.json (text[0..n)) into c and *cls. Returns NULL, or the reason pdn.c cannot represent it.
 // Defaults are fla's (fla/models/<class>/configuration_<class>.py) when a field is absent or null.
@@ -785,7 +873,7 @@ static const char* hf_read_config(const char* text, size_t n, PdnConfig* c, int*
         why = "safe_gate / lower_bound (KDA's bounded gate lower_bound * sigmoid(...)): pdn.c has the plain softplus gate";
     }
     if (!why && !hfc_bool(&h, "use_short_conv", 1)) { why = "use_short_conv false: pdn.c always has the short convolutions"; }
-    if (!why && !hfc_null(&h, "attn")) { why = "\"attn\" (hybrid softmax-attention layers) is set: pdn.c has none"; }
+    if (!why && !hfc_null(&h, "attn")) { why = hf_read_attn(&d, j_get(&d, 0, "attn"), c); }
     if (!why && !hfc_null(&h, "attnres_block_size")) { why = "attnres_block_size (attention residuals) is set: pdn.c has none"; }
     if (!why && strcmp(hfc_str(&h, "hidden_act", "swish"), "swish") != 0) { why = "hidden_act other than \"swish\" (SwiGLU)"; }
     c->conv_size = (int)hfc_int(&h, "conv_size", 4);
@@ -897,15 +985,17 @@ static int hf_export(const char* dir, const PdnConfig* c, const real* params, in
 
 enum { HF_IS_NEG_INF, HF_IS_ZERO, HF_IS_OPEN };
 
-// whether every element of model.layers.<l>.<key> (shape s0 x s1, or s0 if s1 == 0) in every layer is -inf, 0, or a
+// whether every element of model.layers.<l>.<key> (shape s0 x s1, or s0 if s1 == 0) in every mixer layer is -inf, 0, or a
 // gate bias b with sigmoid(b) == 1.0 in fp32 (fla's gate kernels compute in fp32); fails (exit 2) if one is unreadable
 static int hf_all_layers(StFile* st, const char* path, const PdnConfig* c, const char* key, int ndim, long long s0,
                          long long s1, int what) {
     long long shape[2] = {s0, s1};
     size_t n = (size_t)s0 * (size_t)(s1 ? s1 : 1);
     float* a = (float*)mallocCheck(n * sizeof(float));
-    int all = 1;
+    int all = 1, seen = 0;
     for (int l = 0; l < c->n_layer && all; l++) {
+        if (pdn_is_attn(c, l)) { continue; }   // an attention layer has no mixer tensors
+        seen++;
         char name[96];
         snprintf(name, sizeof name, "model.layers.%d.%s", l, key);
         const char* why = st_read(st, name, ndim, shape, a);
@@ -917,7 +1007,7 @@ static int hf_all_layers(StFile* st, const char* path, const PdnConfig* c, const
         }
     }
     free(a);
-    return all;
+    return all && seen;   // no mixer layer: nothing to tell, the class's own default stands
 }
 
 // Reads DIR/config.json and DIR/model.safetensors into a config and a flat fp32 buffer (*params, num_elems,

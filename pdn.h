@@ -34,7 +34,16 @@ enum { PRECOND_NONE = 0, PRECOND_DIAG = 1, PRECOND_EXACT = 2 };    // the P of D
 static const char* DECAY_NAMES[] = {"none", "scalar", "channel", NULL};
 static const char* PRECOND_NAMES[] = {"none", "diag", "exact", NULL};
 
-// X(type, field, flag, help). type: I int, F float, D decay enum, P precond enum.
+// the layers that are softmax attention (issue 19) instead of the recurrent mixer: a set of layer indices
+typedef struct { uint64_t w[1024 / 64]; } PdnLayerSet;   // bit l: layer l (PDN_MAX_LAYERS = 1024 below)
+static int layerset_has(const PdnLayerSet* s, int l) { return (int)((s->w[l >> 6] >> (l & 63)) & 1); }
+static int layerset_count(const PdnLayerSet* s) {
+    int n = 0;
+    for (int l = 0; l < 1024; l++) { n += layerset_has(s, l); }
+    return n;
+}
+
+// X(type, field, flag, help). type: I int, F float, D decay enum, P precond enum, A a layer set.
 #define PDN_CONFIG_FIELDS(X) \
     X(I, vocab_size,         "--vocab",        "vocabulary size (0: take it from the data)") \
     X(I, d_model,            "--d-model",      "model width d") \
@@ -54,12 +63,18 @@ static const char* PRECOND_NAMES[] = {"none", "diag", "exact", NULL};
     X(F, precond_eps,        "--precond-eps",  "epsilon inside log(a + eps)") \
     X(F, log_atk_scale_init, "--log-atk-scale-init", "initial log_atk_scale c") \
     X(F, a_log_lo,           "--a-log-lo",     "A_log init: log U(lo, 16)") \
-    X(F, ridge,              "--ridge",        "exact preconditioner ridge lambda (P_0 = I/lambda)")
+    X(F, ridge,              "--ridge",        "exact preconditioner ridge lambda (P_0 = I/lambda)") \
+    X(A, attn_layers,        "--attn-layers",  "layers that are softmax attention: LIST of indices (5,11,17,23) or none") \
+    X(I, attn_heads,         "--attn-heads",   "attention query heads (0: --n-head); head dim = d_model / heads") \
+    X(I, attn_kv_heads,      "--attn-kv-heads", "attention key/value heads, grouped-query (0: --attn-heads)") \
+    X(I, attn_window,        "--attn-window",  "attention sliding window in tokens, itself included (0: full causal)") \
+    X(F, rope_theta,         "--rope-theta",   "rotary embedding base of the attention layers")
 
 #define PDN_CTYPE_I int
 #define PDN_CTYPE_F float
 #define PDN_CTYPE_D int
 #define PDN_CTYPE_P int
+#define PDN_CTYPE_A PdnLayerSet
 #define PDN_DECLARE_FIELD(type, field, flag, help) PDN_CTYPE_##type field;
 
 typedef struct {
@@ -72,6 +87,13 @@ static const PdnField PDN_FIELDS[] = { PDN_CONFIG_FIELDS(PDN_FIELD_ENTRY) };
 #define PDN_NUM_FIELDS ((int)(sizeof(PDN_FIELDS) / sizeof(PDN_FIELDS[0])))
 
 static int pdn_head_v(const PdnConfig* c) { return c->head_k * c->expand_v; }
+static int pdn_is_attn(const PdnConfig* c, int l) { return layerset_has(&c->attn_layers, l); }
+// the attention layers' head dim (fla's Attention: hidden_size / num_heads) and key/value width
+static int pdn_attn_head_dim(const PdnConfig* c) { return c->attn_heads ? c->d_model / c->attn_heads : 0; }
+static int pdn_attn_kv_dim(const PdnConfig* c) { return c->attn_kv_heads * pdn_attn_head_dim(c); }
+
+// the longest text of a field: a layer set of 1024 layers as "0,1,...,1023"
+#define PDN_VALUE_MAX 5120
 // the log-decay's width per head: none 0, scalar 1, channel K
 static int pdn_decay_width(const PdnConfig* c) { return c->decay == DECAY_NONE ? 0 : c->decay == DECAY_SCALAR ? 1 : c->head_k; }
 
@@ -98,6 +120,23 @@ static int pdn_field_set(PdnConfig* c, const PdnField* f, const char* val) {
         float v = strtof(val, &end);
         if (end == val || *end != 0 || !isfinite(v)) { return -1; }
         *(float*)p = v;
+    } else if (f->type == 'A') {
+        // "none" (or empty), else indices separated by commas, each in 0..1023 and given once
+        PdnLayerSet s;
+        memset(&s, 0, sizeof s);
+        if (strcmp(val, "none") != 0 && val[0]) {
+            const char* q = val;
+            for (;;) {
+                if (!isdigit((unsigned char)*q)) { return -1; }
+                long l = strtol(q, &end, 10);
+                if (l < 0 || l >= 1024 || layerset_has(&s, (int)l)) { return -1; }
+                s.w[l >> 6] |= 1ull << (l & 63);
+                if (*end == 0) { break; }
+                if (*end != ',') { return -1; }
+                q = end + 1;
+            }
+        }
+        *(PdnLayerSet*)p = s;
     } else {
         int v = enum_lookup(f->type == 'D' ? DECAY_NAMES : PRECOND_NAMES, val);
         if (v < 0) { return -1; }
@@ -112,6 +151,14 @@ static void pdn_field_str(const PdnConfig* c, const PdnField* f, char* out, size
     if (f->type == 'I') { snprintf(out, n, "%d", *(const int*)p); }
     else if (f->type == 'F') { snprintf(out, n, "%.9g", *(const float*)p); }
     else if (f->type == 'D') { snprintf(out, n, "%s", DECAY_NAMES[*(const int*)p]); }
+    else if (f->type == 'A') {   // ascending, "none" when empty
+        size_t len = 0;
+        out[0] = 0;
+        for (int l = 0; l < 1024; l++) {
+            if (layerset_has((const PdnLayerSet*)p, l) && len < n) { len += snprintf(out + len, n - len, len ? ",%d" : "%d", l); }
+        }
+        if (!len) { snprintf(out, n, "none"); }
+    }
     else { snprintf(out, n, "%s", PRECOND_NAMES[*(const int*)p]); }
 }
 
@@ -123,6 +170,8 @@ static void pdn_variant_name(const PdnConfig* c, char* out, size_t n) {
              c->precond == PRECOND_EXACT ? "-exact" : "",
              c->out_gate != std_gate ? (c->out_gate ? "+gate" : "-gate") : "",
              c->neg_eigval ? "+neg" : "");
+    int na = layerset_count(&c->attn_layers);
+    if (na) { size_t l = strlen(out); snprintf(out + l, n > l ? n - l : 0, "+attn%d", na); }
 }
 
 static void pdn_config_defaults(PdnConfig* c) {
@@ -132,6 +181,7 @@ static void pdn_config_defaults(PdnConfig* c) {
     c->decay = DECAY_SCALAR; c->precond = PRECOND_DIAG; c->out_gate = 0; c->neg_eigval = 0;
     c->norm_eps = 1e-6f; c->squash_x = 1.5f; c->precond_eps = 1e-6f; c->log_atk_scale_init = -0.2f;
     c->a_log_lo = 0.0f; c->ridge = 1.0f;
+    c->attn_heads = 0; c->attn_kv_heads = 0; c->attn_window = 0; c->rope_theta = 10000.0f;   // no attention layers
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -166,16 +216,21 @@ static int pdn_variant_apply(PdnConfig* c, const char* name) {
 }
 
 // Apply a preset to the model config. Returns the size entry (so the caller can apply the paper's training
-// recipe for paper sizes) or NULL if the name is unknown.
+// recipe for paper sizes) or NULL if the name is unknown. NAME-hybrid (pgdn-340m-hybrid) makes every sixth layer
+// softmax attention (5, 11, 17, 23 of 24; the last layer of a model under 6 layers) with the model's head count.
 static const PdnSize* pdn_preset_apply(PdnConfig* c, const char* name) {
     const char* dash = strchr(name, '-');
     if (!dash || dash - name >= 16) { return NULL; }
-    char var[16];
+    char var[16], size[32];
     memcpy(var, name, dash - name);
     var[dash - name] = 0;
+    snprintf(size, sizeof size, "%s", dash + 1);
+    size_t sl = strlen(size);
+    int hybrid = sl > 7 && strcmp(size + sl - 7, "-hybrid") == 0;
+    if (hybrid) { size[sl - 7] = 0; }
     for (int s = 0; s < PDN_NUM_SIZES; s++) {
         const PdnSize* sz = &PDN_SIZES[s];
-        if (strcmp(sz->name, dash + 1) != 0) { continue; }
+        if (strcmp(sz->name, size) != 0) { continue; }
         if (pdn_variant_apply(c, var) != 0) { return NULL; }
         c->d_model = sz->d; c->n_head = sz->H; c->head_k = sz->K; c->n_layer = sz->L;
         c->vocab_size = sz->vocab; c->expand_v = 1; c->mlp_hidden = 0; c->conv_size = 4;
@@ -183,6 +238,11 @@ static const PdnSize* pdn_preset_apply(PdnConfig* c, const char* name) {
         c->precond_eps = 1e-6f; c->log_atk_scale_init = -0.2f; c->a_log_lo = 0.0f;
         // MODEL.md §7: the 1b KDA and PKDA use K = 120 (14 heads x 120 keeps the parameter count near GDN's)
         if (strcmp(sz->name, "1b") == 0 && c->decay == DECAY_CHANNEL) { c->head_k = 120; }
+        memset(&c->attn_layers, 0, sizeof c->attn_layers);
+        c->attn_heads = 0; c->attn_kv_heads = 0; c->attn_window = 0; c->rope_theta = 10000.0f;
+        for (int l = 0; hybrid && l < sz->L; l++) {
+            if (sz->L < 6 ? l == sz->L - 1 : l % 6 == 5) { c->attn_layers.w[l >> 6] |= 1ull << (l & 63); }
+        }
         return sz;
     }
     return NULL;
@@ -194,7 +254,7 @@ static void pdn_list_presets(FILE* f) {
         fprintf(f, "\n ");
         for (int v = 0; v < PDN_NUM_VARIANTS; v++) { fprintf(f, " %s-%s", PDN_VARIANTS[v].name, PDN_SIZES[s].name); }
     }
-    fprintf(f, "\n");
+    fprintf(f, "\n  any of them + -hybrid (pgdn-340m-hybrid): every sixth layer softmax attention (see --attn-layers)\n");
 }
 
 // Upper bounds of the dimensions, far above any model this code trains (the paper's largest: vocab 32000, d 1792,
@@ -237,6 +297,32 @@ static const char* pdn_config_check(PdnConfig* c) {
     if (!(c->squash_x > 1.0f)) { snprintf(msg, sizeof msg, "--squash-x must be > 1 (got %g)", c->squash_x); return msg; }
     if (!(c->ridge > 0)) { snprintf(msg, sizeof msg, "--ridge must be > 0"); return msg; }
     if (!(c->a_log_lo >= 0 && c->a_log_lo < 16)) { snprintf(msg, sizeof msg, "--a-log-lo must be in [0, 16)"); return msg; }
+    // attention layers (issue 19): fla's Attention splits d_model into heads; GQA needs whole groups; the rotary
+    // embedding rotates pairs (i, i + D/2), so the head dim is even
+    for (int l = c->n_layer; l < PDN_MAX_LAYERS; l++) {
+        if (pdn_is_attn(c, l)) { snprintf(msg, sizeof msg, "--attn-layers names layer %d, the model has %d (0..%d)", l, c->n_layer, c->n_layer - 1); return msg; }
+    }
+    if (c->attn_heads < 0 || c->attn_heads > PDN_MAX_HEADS || c->attn_kv_heads < 0 || c->attn_kv_heads > PDN_MAX_HEADS) {
+        snprintf(msg, sizeof msg, "--attn-heads and --attn-kv-heads must be in 0..%d", PDN_MAX_HEADS);
+        return msg;
+    }
+    if (c->attn_window < 0) { snprintf(msg, sizeof msg, "--attn-window must be >= 0 (0: full causal)"); return msg; }
+    if (!(c->rope_theta > 0)) { snprintf(msg, sizeof msg, "--rope-theta must be > 0"); return msg; }
+    if (layerset_count(&c->attn_layers)) {
+        if (c->attn_heads == 0) { c->attn_heads = c->n_head; }
+        if (c->attn_kv_heads == 0) { c->attn_kv_heads = c->attn_heads; }
+        int D = c->d_model / c->attn_heads;
+        if (c->d_model % c->attn_heads || D % 2) {
+            snprintf(msg, sizeof msg, "--attn-heads %d must split --d-model %d into heads of an even size (got %d/%d)",
+                     c->attn_heads, c->d_model, c->d_model, c->attn_heads);
+            return msg;
+        }
+        if (c->attn_heads % c->attn_kv_heads) {
+            snprintf(msg, sizeof msg, "--attn-kv-heads %d must divide --attn-heads %d (grouped-query attention)",
+                     c->attn_kv_heads, c->attn_heads);
+            return msg;
+        }
+    }
     return NULL;
 }
 
@@ -250,38 +336,45 @@ static int pdn_eigen_bound_broken(const PdnConfig* c) {
 
 enum { INIT_NORMAL, INIT_ONES, INIT_ZEROS, INIT_ALOG, INIT_DTBIAS, INIT_LOGATK };
 
-// X(id, name, per_layer, weight_decay, init). Order = order in the flat buffer.
+// X(id, name, per_layer, weight_decay, init). Order = order in the flat buffer (and the tensor's index seeds its
+// init, so new tensors go at the end). per_layer: 0 one tensor for the model, 1 one slice per layer, 2 one per
+// recurrent-mixer layer, 3 one per attention layer (issue 19: an attention layer has q/k/v/o projections in place
+// of the mixer's tensors, and keeps its norms and MLP).
 #define PDN_TENSORS(X) \
     X(WTE,           "wte",           0, 1, INIT_NORMAL) \
     X(ATTN_NORM,     "attn_norm",     1, 0, INIT_ONES)   \
-    X(WQ,            "w_q",           1, 1, INIT_NORMAL) \
-    X(WK,            "w_k",           1, 1, INIT_NORMAL) \
-    X(WV,            "w_v",           1, 1, INIT_NORMAL) \
-    X(CONV_Q,        "conv_q",        1, 0, INIT_NORMAL) \
-    X(CONV_K,        "conv_k",        1, 0, INIT_NORMAL) \
-    X(CONV_V,        "conv_v",        1, 0, INIT_NORMAL) \
-    X(WB,            "w_b",           1, 1, INIT_NORMAL) \
-    X(WA,            "w_a",           1, 1, INIT_NORMAL) \
-    X(WF1,           "w_f1",          1, 1, INIT_NORMAL) \
-    X(WF2,           "w_f2",          1, 1, INIT_NORMAL) \
-    X(A_LOG,         "a_log",         1, 0, INIT_ALOG)   \
-    X(DT_BIAS,       "dt_bias",       1, 0, INIT_DTBIAS) \
-    X(WAP,           "w_ap",          1, 1, INIT_NORMAL) \
-    X(WBP,           "w_bp",          1, 1, INIT_NORMAL) \
-    X(A_LOGP,        "a_log_p",       1, 0, INIT_ALOG)   \
-    X(DT_BIASP,      "dt_bias_p",     1, 0, INIT_DTBIAS) \
-    X(LOG_ATK_SCALE, "log_atk_scale", 1, 0, INIT_LOGATK) \
-    X(O_NORM,        "o_norm",        1, 0, INIT_ONES)   \
-    X(WG1,           "w_g1",          1, 1, INIT_NORMAL) \
-    X(WG2,           "w_g2",          1, 1, INIT_NORMAL) \
-    X(BG2,           "b_g2",          1, 0, INIT_ZEROS)  \
-    X(WO,            "w_o",           1, 1, INIT_NORMAL) \
+    X(WQ,            "w_q",           2, 1, INIT_NORMAL) \
+    X(WK,            "w_k",           2, 1, INIT_NORMAL) \
+    X(WV,            "w_v",           2, 1, INIT_NORMAL) \
+    X(CONV_Q,        "conv_q",        2, 0, INIT_NORMAL) \
+    X(CONV_K,        "conv_k",        2, 0, INIT_NORMAL) \
+    X(CONV_V,        "conv_v",        2, 0, INIT_NORMAL) \
+    X(WB,            "w_b",           2, 1, INIT_NORMAL) \
+    X(WA,            "w_a",           2, 1, INIT_NORMAL) \
+    X(WF1,           "w_f1",          2, 1, INIT_NORMAL) \
+    X(WF2,           "w_f2",          2, 1, INIT_NORMAL) \
+    X(A_LOG,         "a_log",         2, 0, INIT_ALOG)   \
+    X(DT_BIAS,       "dt_bias",       2, 0, INIT_DTBIAS) \
+    X(WAP,           "w_ap",          2, 1, INIT_NORMAL) \
+    X(WBP,           "w_bp",          2, 1, INIT_NORMAL) \
+    X(A_LOGP,        "a_log_p",       2, 0, INIT_ALOG)   \
+    X(DT_BIASP,      "dt_bias_p",     2, 0, INIT_DTBIAS) \
+    X(LOG_ATK_SCALE, "log_atk_scale", 2, 0, INIT_LOGATK) \
+    X(O_NORM,        "o_norm",        2, 0, INIT_ONES)   \
+    X(WG1,           "w_g1",          2, 1, INIT_NORMAL) \
+    X(WG2,           "w_g2",          2, 1, INIT_NORMAL) \
+    X(BG2,           "b_g2",          2, 0, INIT_ZEROS)  \
+    X(WO,            "w_o",           2, 1, INIT_NORMAL) \
     X(MLP_NORM,      "mlp_norm",      1, 0, INIT_ONES)   \
     X(WGATE,         "w_gate",        1, 1, INIT_NORMAL) \
     X(WUP,           "w_up",          1, 1, INIT_NORMAL) \
     X(WDOWN,         "w_down",        1, 1, INIT_NORMAL) \
     X(FINAL_NORM,    "final_norm",    0, 0, INIT_ONES)   \
-    X(LM_HEAD,       "lm_head",       0, 1, INIT_NORMAL)
+    X(LM_HEAD,       "lm_head",       0, 1, INIT_NORMAL) \
+    X(AQ,            "attn_wq",       3, 1, INIT_NORMAL) \
+    X(AK,            "attn_wk",       3, 1, INIT_NORMAL) \
+    X(AV,            "attn_wv",       3, 1, INIT_NORMAL) \
+    X(AO,            "attn_wo",       3, 1, INIT_NORMAL)
 
 #define PDN_TENSOR_ENUM(id, name, per_layer, wd, init) T_##id,
 enum { PDN_TENSORS(PDN_TENSOR_ENUM) NUM_TENSORS };
@@ -290,7 +383,7 @@ typedef struct {
     const char* name;
     int per_layer, wd, init;
     int ndim;
-    int shape[3];        // full shape: (L, rows, cols) for per-layer tensors, (rows, cols) or (n) otherwise
+    int shape[3];        // full shape: (layers, rows, cols) for per-layer tensors, (rows, cols) or (n) otherwise
     size_t layer_numel;  // elements of one layer's slice (of the whole tensor if global)
     size_t numel;        // elements of the tensor; 0 if this variant does not have it
     size_t offset;       // start in the flat buffer, in elements
@@ -300,6 +393,8 @@ typedef struct {
     PdnTensor t[NUM_TENSORS];
     size_t num_params;   // sum of numel: the model's parameter count
     size_t num_elems;    // size of the flat buffer (tensors start at multiples of PDN_ALIGN elements)
+    int n_mix, n_attn;   // recurrent-mixer and attention layers
+    int slot[PDN_MAX_LAYERS];  // layer l's index among the layers of its kind (its slice of a per_layer 2 or 3 tensor)
 } PdnLayout;
 
 // tensors start on 64-byte boundaries (16 fp32 / 32 bf16 elements) so the GPU can use wide loads
@@ -334,6 +429,8 @@ static void pdn_tensor_shape(const PdnConfig* c, int id, int* rows, int* cols) {
         case T_WGATE: case T_WUP: r = I; k = d; break;
         case T_WDOWN: r = d; k = I; break;
         case T_LM_HEAD: if (!c->tie_embeddings) { r = c->vocab_size; k = d; } break;
+        case T_AQ: case T_AO: r = d; k = d; break;          // fla: q_proj (d, d), o_proj (d, d)
+        case T_AK: case T_AV: r = pdn_attn_kv_dim(c); k = d; break;   // k_proj, v_proj (kv_heads * D, d)
     }
     *rows = r; *cols = k;
 }
@@ -348,6 +445,7 @@ static void pdn_build_layout(const PdnConfig* c, PdnLayout* lay) {
         PDN_TENSORS(PDN_TENSOR_FLAGS)
     };
     memset(lay, 0, sizeof(*lay));
+    for (int l = 0; l < c->n_layer; l++) { lay->slot[l] = pdn_is_attn(c, l) ? lay->n_attn++ : lay->n_mix++; }
     size_t off = 0;
     for (int i = 0; i < NUM_TENSORS; i++) {
         PdnTensor* t = &lay->t[i];
@@ -356,10 +454,11 @@ static void pdn_build_layout(const PdnConfig* c, PdnLayout* lay) {
         int rows, cols;
         pdn_tensor_shape(c, i, &rows, &cols);
         t->layer_numel = mulCheck((size_t)rows, (size_t)(cols ? cols : 1), names[i]);
-        size_t nl = t->per_layer ? (size_t)c->n_layer : 1;
-        t->numel = rows ? mulCheck(nl, t->layer_numel, names[i]) : 0;
+        size_t nl = t->per_layer == 0 ? 1 : t->per_layer == 1 ? (size_t)c->n_layer : t->per_layer == 2 ? (size_t)lay->n_mix
+                  : (size_t)lay->n_attn;
+        t->numel = rows && nl ? mulCheck(nl, t->layer_numel, names[i]) : 0;
         t->ndim = 0;
-        if (t->per_layer) { t->shape[t->ndim++] = c->n_layer; }
+        if (t->per_layer) { t->shape[t->ndim++] = (int)nl; }
         t->shape[t->ndim++] = rows;
         if (cols) { t->shape[t->ndim++] = cols; }
         off = (off + PDN_ALIGN - 1) / PDN_ALIGN * PDN_ALIGN;
@@ -370,8 +469,17 @@ static void pdn_build_layout(const PdnConfig* c, PdnLayout* lay) {
     lay->num_elems = (off + PDN_ALIGN - 1) / PDN_ALIGN * PDN_ALIGN;
 }
 
-// pointer to layer l's slice of tensor id inside a flat buffer
-#define PDN_PARAM(buf, lay, id, l) ((buf) + (lay)->t[id].offset + (size_t)(l) * (lay)->t[id].layer_numel)
+// pointer to layer l's slice of tensor id inside a flat buffer (l = 0 for a model-wide tensor); a mixer tensor of
+// an attention layer, or the reverse, does not exist
+static size_t pdn_slice(const PdnLayout* lay, int id, int l) {
+    const PdnTensor* t = &lay->t[id];
+    return t->offset + (t->per_layer == 0 ? 0 : t->per_layer == 1 ? (size_t)l : (size_t)lay->slot[l]) * t->layer_numel;
+}
+#define PDN_PARAM(buf, lay, id, l) ((buf) + pdn_slice(lay, id, l))
+// whether layer l has a slice of tensor t (a per-layer tensor of its kind)
+static int pdn_layer_has(const PdnConfig* c, const PdnTensor* t, int l) {
+    return t->numel && (t->per_layer == 1 || (t->per_layer == 2 && !pdn_is_attn(c, l)) || (t->per_layer == 3 && pdn_is_attn(c, l)));
+}
 
 // ----------------------------------------------------------------------------------------------------
 // initialisation (MODEL.md §6). Each tensor draws from its own stream seeded by (seed, tensor index), so a
@@ -587,7 +695,7 @@ static void headed_read_data(FILE* f, const char* path, Header* h, void* const* 
 }
 
 static void pdn_config_to_header(const PdnConfig* c, TextBuf* tb) {
-    char v[64];
+    char v[PDN_VALUE_MAX];
     for (int i = 0; i < PDN_NUM_FIELDS; i++) {
         pdn_field_str(c, &PDN_FIELDS[i], v, sizeof v);
         tb_printf(tb, "config %s %s\n", PDN_FIELDS[i].name, v);
@@ -596,10 +704,15 @@ static void pdn_config_to_header(const PdnConfig* c, TextBuf* tb) {
 
 static void pdn_config_from_header(PdnConfig* c, const Header* h, const char* path) {
     pdn_config_defaults(c);
-    char key[80], v[64];
+    char key[80], v[PDN_VALUE_MAX];
     for (int i = 0; i < PDN_NUM_FIELDS; i++) {
         snprintf(key, sizeof key, "config %s", PDN_FIELDS[i].name);
-        if (!header_get(h, key, v, sizeof v)) { fail(EXIT_BADFILE, "%s: header lacks '%s'", path, key); }
+        // checkpoints from before the attention layers (issue 19) have no attn_* / rope_theta lines: no attention
+        int since_attn = strncmp(PDN_FIELDS[i].name, "attn_", 5) == 0 || strcmp(PDN_FIELDS[i].name, "rope_theta") == 0;
+        if (!header_get(h, key, v, sizeof v)) {
+            if (since_attn) { continue; }
+            fail(EXIT_BADFILE, "%s: header lacks '%s'", path, key);
+        }
         if (pdn_field_set(c, &PDN_FIELDS[i], v) != 0) { fail(EXIT_BADFILE, "%s: bad value '%s' for %s", path, v, key); }
     }
     const char* err = pdn_config_check(c);

@@ -401,7 +401,7 @@ static void test_hf_config(void) {
         {"{\"model_type\": \"precond_gated_deltanet\", \"use_gate\": true}", "use_gate true"},
         {"{\"model_type\": \"gated_deltanet\", \"use_gate\": false, \"num_heads\": 2, \"num_v_heads\": 4}", "grouped value"},
         {"{\"model_type\": \"kda\", \"safe_gate\": true, \"lower_bound\": -5.0}", "lower_bound"},
-        {"{\"model_type\": \"kda\", \"attn\": {\"layers\": [1], \"num_heads\": 4}}", "hybrid"},
+        {"{\"model_type\": \"kda\", \"attn\": {\"layers\": [1], \"num_heads\": 4, \"qkv_bias\": true}}", "qkv_bias true"},
         {"{\"model_type\": \"kda\", \"use_short_conv\": false}", "short conv"},
         {"{\"model_type\": \"kda\", \"hidden_act\": \"powlu\"}", "swish"},
         {"{\"model_type\": \"kda\", \"expand_v\": 1.5}", "integer expand_v"},
@@ -425,6 +425,100 @@ static void test_hf_config(void) {
     CHECK(hf_class_of(&x, &why) < 0 && strstr(why, "swish"), "gdn with pdn.c's output gate exported");
     printf("  config.json: fla's defaults for absent fields (gated_deltanet, precond_kda, delta_net); %d configs pdn.c "
            "cannot represent refused with the reason; 2 pdn.c options fla lacks refused at export\n", refused);
+}
+
+// ---- hybrids (issue 19): attention layers as fla's Attention, named and configured as fla's hybrid "attn" spec
+
+static const char* const FLA_ATTN[] = {   // layers/attn.py with hidden 40, 4 heads of 10, 2 kv heads, no bias
+    "attn.q_proj.weight 40x40", "attn.k_proj.weight 20x40", "attn.v_proj.weight 20x40", "attn.o_proj.weight 40x40", NULL};
+
+static void test_hf_hybrid(void) {
+    // pgdn with attention at layer 1 (GQA, window 7, theta 5e5); kda with attention at layer 0 (full causal, kv = q)
+    PdnConfig c = hf_config("pgdn", 0), k = hf_config("kda", 1), c2;
+    c.attn_layers.w[0] = 2; c.attn_heads = 4; c.attn_kv_heads = 2; c.attn_window = 7; c.rope_theta = 500000.0f;
+    k.attn_layers.w[0] = 1; k.attn_heads = 4;
+    CHECK(!pdn_config_check(&c) && !pdn_config_check(&k), "hybrid test configs invalid");
+    PdnConfig* cfgs[2] = {&c, &k};
+    int same = 0;
+    for (int i = 0; i < 2; i++) {
+        PdnLayout lay;
+        float* p = hf_params(cfgs[i], &lay, 40 + i);
+        char dir[128];
+        snprintf(dir, sizeof dir, "%s/hyb_%d", hf_base, i);
+        int cls, rows, ign;
+        hf_export(dir, cfgs[i], p, 0, NULL, &cls, &rows);
+        float* q;
+        hf_import(dir, &c2, &q, &ign);
+        int ok = hf_same_config(cfgs[i], &c2) && memcmp(p, q, lay.num_elems * sizeof(float)) == 0;
+        CHECK(ok, "hybrid %d: export -> import is not bit-exact (config %s)", i, hf_same_config(cfgs[i], &c2) ? "same" : "differs");
+        same += ok;
+        free(p); free(q);
+    }
+    // the pgdn hybrid's keys: layer 0 a PGDN block, layer 1 an attention block; config.json's "attn"
+    char path[160];
+    snprintf(path, sizeof path, "%s/hyb_0/model.safetensors", hf_base);
+    StFile st;
+    const char* err = st_open(&st, path);
+    CHECK(!err, "hybrid export does not open: %s", err ? err : "");
+    int found = 0, nw = 0;
+    for (int l = -1; !err && l < 2; l++) {
+        const char* const* lists[2] = {l < 0 ? FLA_GLOBAL : FLA_BLOCK, l < 0 ? NULL : l == 0 ? FLA_PRECOND_GATED_DELTANET : FLA_ATTN};
+        for (int s = 0; s < 2; s++) {
+            for (int i = 0; lists[s] && lists[s][i]; i++) {
+                char name[96], shape[32], full[120], got[32] = "";
+                sscanf(lists[s][i], "%95s %31s", name, shape);
+                if (l < 0) { snprintf(full, sizeof full, "%s", name); } else { snprintf(full, sizeof full, "model.layers.%d.%s", l, name); }
+                const StEntry* e = st_find(&st, full);
+                for (int d = 0; e && d < e->ndim; d++) { snprintf(got + strlen(got), sizeof got - strlen(got), d ? "x%lld" : "%lld", e->shape[d]); }
+                CHECK(e && strcmp(got, shape) == 0, "hybrid: %s is %s, fla has %s", full, e ? got : "missing", shape);
+                found += e && strcmp(got, shape) == 0;
+                nw++;
+            }
+        }
+    }
+    if (!err) {
+        CHECK(found == nw && st.n == nw, "hybrid: %d tensors exported, fla's list has %d", st.n, nw);
+        st_close(&st);
+    }
+    snprintf(path, sizeof path, "%s/hyb_0/config.json", hf_base);
+    size_t n;
+    char* text = (char*)slurp_file(path, &n);
+    const char* want[] = {"\"attn\": {\n    \"layers\": [1],\n    \"num_heads\": 4,\n    \"num_kv_heads\": 2,\n    "
+                          "\"qkv_bias\": false,\n    \"window_size\": 7,\n    \"rope_theta\": 500000.0\n  },"};
+    CHECK(strstr(text, want[0]) != NULL, "hybrid config.json lacks fla's attn spec:\n%s", text);
+    free(text);
+    snprintf(path, sizeof path, "%s/hyb_1/config.json", hf_base);
+    text = (char*)slurp_file(path, &n);
+    CHECK(strstr(text, "\"layers\": [0],") && strstr(text, "\"num_kv_heads\": 4,") && strstr(text, "\"window_size\": null,") &&
+          strstr(text, "\"rope_theta\": 10000.0\n"), "kda hybrid config.json's attn spec is wrong:\n%s", text);
+    free(text);
+    // fla's accepted forms: a list of specs, absent num_kv_heads / window_size / rope_theta (fla's defaults)
+    const char* list = "{\"model_type\": \"kda\", \"hidden_size\": 64, \"num_hidden_layers\": 3, \"attn\": [{\"layers\": [2], "
+                       "\"num_heads\": 4}, {\"layers\": [0], \"num_heads\": 4, \"num_kv_heads\": 4, \"window_size\": null}]}";
+    int cls;
+    err = hf_read_config(list, strlen(list), &c2, &cls);
+    CHECK(!err && c2.attn_layers.w[0] == 5 && c2.attn_heads == 4 && c2.attn_kv_heads == 4 && c2.attn_window == 0 &&
+          c2.rope_theta == 10000.0f, "attn as a list of two specs: %s", err ? err : "wrong fields");
+    struct { const char* attn; const char* reason; } bad[] = {
+        {"{\"layers\": [3], \"num_heads\": 4}", "layers must be integers in [0, num_hidden_layers = 3)"},
+        {"[{\"layers\": [1], \"num_heads\": 4}, {\"layers\": [1], \"num_heads\": 4}]", "names layer 1 twice"},
+        {"[{\"layers\": [1], \"num_heads\": 4}, {\"layers\": [2], \"num_heads\": 8}]", "one setting for all"},
+        {"{\"layers\": [1], \"num_heads\": 4, \"num_kv_heads\": 3}", "must divide"},
+        {"{\"layers\": [1], \"num_heads\": 4, \"window_size\": 0}", "window_size must be null or a positive"},
+        {"{\"layers\": [1]}", "needs \"layers\" (a list) and \"num_heads\""},
+        {"5", "must be null, an object or a list"},
+    };
+    int refused = 0;
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        char js[400];
+        snprintf(js, sizeof js, "{\"model_type\": \"kda\", \"hidden_size\": 64, \"num_hidden_layers\": 3, \"attn\": %s}", bad[i].attn);
+        err = hf_read_config(js, strlen(js), &c2, &cls);
+        CHECK(err && strstr(err, bad[i].reason), "attn %s: %s (want '%s')", bad[i].attn, err ? err : "accepted", bad[i].reason);
+        refused += err != NULL;
+    }
+    printf("  hybrids: export -> import bit-exact (%d of 2: pgdn with GQA + window, kda with attention first); fla's "
+           "Attention keys and shapes, the \"attn\" spec in config.json; a list of specs read; %d bad specs refused\n",
+           same, refused);
 }
 
 // ---- the command line: files refused by --import-hf (exit 2 and the reason), tokenizer files, -e after import
@@ -649,6 +743,7 @@ static void run_hf_tests(void) {
     test_safetensors_format();
     test_hf_keys();
     test_hf_config();
+    test_hf_hybrid();
     test_hf_cli();
     test_hf_tokenizer();
     if (!n_fail) {

@@ -93,6 +93,17 @@ static PdnConfig small_config(const char* variant, int precond_exact, int tie) {
     return c;
 }
 
+// a hybrid of small_config: layers[] (ending in -1) are softmax attention with Ha query and Hkv key/value heads
+static PdnConfig hybrid_config(const char* variant, int n_layer, const int* layers, int Ha, int Hkv, int window, float theta) {
+    PdnConfig c = small_config(variant, 0, 1);
+    c.n_layer = n_layer;
+    for (int i = 0; layers[i] >= 0; i++) { c.attn_layers.w[0] |= 1ull << layers[i]; }
+    c.attn_heads = Ha; c.attn_kv_heads = Hkv; c.attn_window = window; c.rope_theta = theta;
+    const char* err = pdn_config_check(&c);
+    if (err) { printf("bad test config: %s\n", err); exit(1); }
+    return c;
+}
+
 // parameters with every path active: matrices N(0, 0.3), norms 1 + N(0, 0.1), gates and scales O(1)
 static void randomize_params(Model* m) {
     for (int i = 0; i < NUM_TENSORS; i++) {
@@ -407,6 +418,61 @@ static void chunk_vs_token_model(const char* variant, int exact) {
     acts_free(&at); acts_free(&ac); model_free(&mt); model_free(&mc);
 }
 
+
+// The attention layer's definition, checked against hand-worked cases (fp64; to 1e-6, as the rotation angle is made in
+// fp32 like fla's):
+// - the rotary embedding (fla's rotate-half form, D = 4, theta = 16): e_0 at position p goes to cos(p) e_0 + sin(p) e_2
+//   and e_1 to cos(p/4) e_1 + sin(p/4) e_3 (inverse frequencies theta^(-2i/D) = 1, 1/4; pairs (i, i + D/2));
+// - attention with D = 2 (one pair, angle = position): q = k = e_0 everywhere, so the score of query t against
+//   key j is cos(t - j) / sqrt(2); the output is the softmax-weighted mean of v_j = j, over j <= t, or over the last
+//   W keys with a window, so o_t = sum_j j e^(s_tj) / sum_j e^(s_tj), made here from that formula;
+// - grouped-query: 2 query heads reading one key/value head give the output of 2 heads reading a copy each.
+static void test_attention_hand(void) {
+    int T = 6;
+    real x[6 * 4], y[6 * 4];
+    memset(x, 0, sizeof x);
+    for (int t = 0; t < T; t++) { x[t * 4 + (t % 2)] = 1; }   // e_0 at even positions, e_1 at odd ones
+    rope_forward(y, x, 1, T, 1, 4, 3, 16.0f);                 // positions 3..8
+    double worst = 0;
+    for (int t = 0; t < T; t++) {
+        double pos = 3 + t, f = t % 2 ? 0.25 : 1.0, want[4] = {0, 0, 0, 0};
+        want[t % 2] = cos(pos * f); want[2 + t % 2] = sin(pos * f);
+        for (int e = 0; e < 4; e++) { worst = fmax(worst, fabs(y[t * 4 + e] - want[e])); }
+    }
+    CHECK(worst < 1e-6, "rotary embedding vs the hand-worked rotation: max error %.2e", worst); // the angle is fp32
+    for (int W = 0; W <= 3; W++) {
+        real q[6 * 2], k[6 * 2], v[6 * 2], o[6 * 2], lse[6];
+        for (int t = 0; t < T; t++) { q[t * 2] = k[t * 2] = 1; q[t * 2 + 1] = k[t * 2 + 1] = 0; v[t * 2] = t; v[t * 2 + 1] = -t; }
+        rope_forward(q, q, 1, T, 1, 2, 0, 10000.0f);
+        rope_forward(k, k, 1, T, 1, 2, 0, 10000.0f);
+        attention_forward(o, lse, q, k, v, 1, T, T, T, 1, 1, 2, W);
+        double err = 0;
+        for (int t = 0; t < T; t++) {
+            double num = 0, den = 0;
+            for (int j = (W && t - W + 1 > 0) ? t - W + 1 : 0; j <= t; j++) {
+                double e = exp(cos((double)(t - j)) / sqrt(2.0));
+                num += j * e; den += e;
+            }
+            err = fmax(err, fmax(fabs(o[t * 2] - num / den), fabs(o[t * 2 + 1] + num / den)));
+            err = fmax(err, fabs(lse[t] - (log(den))));
+        }
+        CHECK(err < 1e-6, "attention (window %d) vs the hand-worked softmax: max error %.2e", W, err);
+        worst = fmax(worst, err);
+    }
+    // GQA: q (1, T, 2, 4) with one kv head vs two kv heads holding copies
+    real q2[6 * 8], k1[6 * 4], v1[6 * 4], k2[6 * 8], v2[6 * 8], o1[6 * 8], o2[6 * 8], l1[12], l2[12];
+    fill_normal(q2, 48, 1.0); fill_normal(k1, 24, 1.0); fill_normal(v1, 24, 1.0);
+    for (int t = 0; t < T; t++) {
+        for (int h = 0; h < 2; h++) { memcpy(k2 + (t * 2 + h) * 4, k1 + t * 4, 4 * sizeof(real)); memcpy(v2 + (t * 2 + h) * 4, v1 + t * 4, 4 * sizeof(real)); }
+    }
+    attention_forward(o1, l1, q2, k1, v1, 1, T, T, T, 2, 1, 4, 0);
+    attention_forward(o2, l2, q2, k2, v2, 1, T, T, T, 2, 2, 4, 0);
+    double eg = rel_err(o1, o2, 48);
+    CHECK(eg < 1e-14, "grouped-query attention vs copied key/value heads: rel err %.2e", eg);
+    printf("  attention by hand: rotary embedding (rotate-half, theta^(-2i/D)), causal and windowed softmax (W = 0..3), "
+           "grouped-query heads; worst error %.1e\n", fmax(worst, eg));
+}
+
 static void run_double_tests(void) {
     printf("gradient checks (fp64, central differences):\n");
     const char* variants[] = {"dn", "pdn", "gdn", "pgdn", "kda", "pkda"};
@@ -419,6 +485,11 @@ static void run_double_tests(void) {
     cg.out_gate = 1; cg.neg_eigval = 1;
     pdn_build_layout(&cg, &(PdnLayout){0});
     gradcheck_model("gdn+gate+neg", cg, 1);
+    // hybrids (issue 19): attention after a mixer layer; attention first and last around a mixer, with grouped-query
+    // heads (2 query heads on 1 key/value head), a window of 3 tokens (T = 11) and a small rope_theta
+    gradcheck_model("pgdn+attn", hybrid_config("pgdn", 2, (const int[]){1, -1}, 2, 2, 0, 10000.0f), 1);
+    gradcheck_model("kda+attn-gqa-w3", hybrid_config("kda", 3, (const int[]){0, 2, -1}, 2, 1, 3, 100.0f), 1);
+    test_attention_hand();
     for (int gk = 0; gk < 3; gk++) { for (int form = 0; form < 2; form++) { gradcheck_core(gk, form); } }
     gradcheck_precond();
     printf("chunkwise == per-token at model level (fp64, every variant):\n");
@@ -485,8 +556,7 @@ static void test_chunk_vs_token_fp32(void) {
 
 // Recurrent inference: feeding a sequence as a prompt chunk plus one token at a time with the carried state must
 // give the logits of one full forward pass (fp32: 1e-4 of the logits' scale).
-static void test_recurrent_matches_full(const char* variant, int exact) {
-    PdnConfig c = small_config(variant, exact, 1);
+static void recurrent_matches_full(const char* name, PdnConfig c) {
     Model m;
     model_init(&m, &c, 4, 1);
     randomize_params(&m);
@@ -495,7 +565,7 @@ static void test_recurrent_matches_full(const char* variant, int exact) {
     for (int i = 0; i < T; i++) { x[i] = (int)rng_below(&trng, c.vocab_size); }
     Acts full = acts_alloc(&m, 1, T, 0), ap = acts_alloc(&m, 1, P, 0), a1 = acts_alloc(&m, 1, 1, 0);
     pdn_forward(&m, &full, x, NULL);
-    RecState rs = recstate_alloc(&c, 1, c.ridge);
+    RecState rs = recstate_alloc(&c, 1, c.ridge, T);
     real* got = mallocCheck((size_t)T * c.vocab_size * sizeof(real));
     pdn_forward(&m, &ap, x, &rs);
     memcpy(got, ap.logits, (size_t)P * c.vocab_size * sizeof(real));
@@ -504,10 +574,15 @@ static void test_recurrent_matches_full(const char* variant, int exact) {
         memcpy(got + (size_t)t * c.vocab_size, a1.logits, c.vocab_size * sizeof(real));
     }
     double e = rel_err(got, full.logits, (size_t)T * c.vocab_size);
-    CHECK(e < 1e-4, "%s%s: recurrent logits vs full forward rel err %.2e", variant, exact ? "-exact" : "", e);
-    printf("  %-10s prompt of %d then %d single tokens: logits match the full pass (rel err %.1e)\n",
-           exact ? "pgdn-exact" : variant, P, T - P, e);
+    CHECK(e < 1e-4, "%s: recurrent logits vs full forward rel err %.2e", name, e);
+    printf("  %-16s prompt of %d then %d single tokens: logits match the full pass (rel err %.1e)\n", name, P, T - P, e);
     free(got); recstate_free(&rs); acts_free(&full); acts_free(&ap); acts_free(&a1); model_free(&m);
+}
+
+static void test_recurrent_matches_full(const char* variant, int exact) {
+    char name[32];
+    snprintf(name, sizeof name, "%s%s", variant, exact ? "-exact" : "");
+    recurrent_matches_full(name, small_config(variant, exact, 1));
 }
 
 static void test_mqar_generator(void) {
@@ -590,6 +665,24 @@ static void test_count_params(void) {
               want[i].preset, line, rc, want[i].count);
     }
     printf("  --count-params matches MODEL.md §7 for the %zu listed presets\n", sizeof(want) / sizeof(want[0]));
+    // pgdn-340m-hybrid: attention at layers 5, 11, 17, 23 replaces 4 PGDN mixers of 4,239,528 parameters (q, k, v
+    // 3 x 1024 x 1024, convs 3 x 1024 x 4, w_b, w_a, w_ap, w_bp 4 x 8 x 1024, a_log, dt_bias and the preconditioner's
+    // 5 x 8, o_norm 128, w_o 1024 x 1024) by fla's Attention with 8 heads of 128, kv = q: 4 x 1024 x 1024
+    // = 4,194,304: 342,184,896 - 4 x 4,239,528 + 4 x 4,194,304 = 342,004,000; with 2 kv heads k and v are 1024 x 256
+    // (-2 x 4 x 768 x 1024 = -6,291,456)
+    struct { const char* args; const char* count; } hyb[] = {
+        {"--preset pgdn-340m-hybrid", "342004000"}, {"--preset pgdn-340m --attn-layers 5,11,17,23", "342004000"},
+        {"--preset pgdn-340m-hybrid --attn-kv-heads 2", "335712544"},
+    };
+    for (size_t i = 0; i < sizeof(hyb) / sizeof(hyb[0]); i++) {
+        char cmd[256], line[256];
+        snprintf(cmd, sizeof cmd, "./train_pdn %s --count-params", hyb[i].args);
+        int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+        last_line(outbuf, line, sizeof line);
+        CHECK(rc == 0 && strcmp(line, hyb[i].count) == 0, "%s: --count-params printed '%s' (rc %d), by hand %s", hyb[i].args,
+              line, rc, hyb[i].count);
+    }
+    printf("  --count-params of the hybrid 340m (attention at 5, 11, 17, 23; with 8 and 2 kv heads) matches the hand count\n");
 }
 
 static int files_equal(const char* a, const char* b) {
@@ -885,6 +978,14 @@ static void test_cli_errors(void) {
         {"--mqar-len 64abc", EXIT_USAGE, "bad value '64abc' for --mqar-len"},
         {"--threads -1", EXIT_USAGE, "--threads must be in 0..1024"},
         {"--threads 5000", EXIT_USAGE, "--threads must be in 0..1024"},
+        // attention layers (issue 19)
+        {"--attn-layers 1,1 --count-params", EXIT_USAGE, "bad value '1,1' for --attn-layers"},
+        {"--attn-layers 1,x --count-params", EXIT_USAGE, "bad value '1,x' for --attn-layers"},
+        {"--attn-layers 5 --count-params", EXIT_USAGE, "--attn-layers names layer 5, the model has 2 (0..1)"},
+        {"--attn-layers 1 --attn-heads 3 --count-params", EXIT_USAGE, "--attn-heads 3 must split --d-model 64"},
+        {"--attn-layers 1 --attn-heads 4 --attn-kv-heads 3 --count-params", EXIT_USAGE, "--attn-kv-heads 3 must divide"},
+        {"--attn-window -1 --count-params", EXIT_USAGE, "--attn-window must be >= 0"},
+        {"--rope-theta 0 --count-params", EXIT_USAGE, "--rope-theta must be > 0"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char cmd[512];
@@ -918,6 +1019,55 @@ static void test_cli_errors(void) {
 }
 
 // A tiny PGDN learns MQAR: held-out recall accuracy far above chance (1/32 = 3%) within a bounded budget.
+
+static int test_dir_new(char* dir, size_t n, const char* tag);
+static void test_dir_done(const char* dir, int fails_before);
+
+// A hybrid model end to end (issue 19): trains, checkpoints with its layer list and attention tensors, resumes bit
+// for bit, generates through the KV cache; a checkpoint from before the attention fields (no attn_* lines) still loads.
+static void test_hybrid_run(void) {
+    char d[200], cmd[1400], pa[600], pb[600];
+    int f0 = n_fail;
+    if (!test_dir_new(d, sizeof d, "hybrid")) { return; }
+    const char* run = "./train_pdn --attn-layers 1 --attn-kv-heads 1 --attn-window 8 -b 2 -t 32 --mqar-pairs 4 -v 0 -m 1 -n 3";
+    snprintf(cmd, sizeof cmd, "%s -x 6 -o %s/a", run, d);
+    int rc1 = run_cmd(cmd, outbuf, sizeof outbuf);
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/c && cp %s/a/model_00000003.bin %s/a/state_00000003.bin %s/c/", d, d, d, d);
+    int cp = system(cmd);
+    snprintf(cmd, sizeof cmd, "%s -x 6 -y 1 -o %s/c", run, d);
+    int rc2 = run_cmd(cmd, outbuf, sizeof outbuf);
+    snprintf(pa, sizeof pa, "%s/a/model_00000006.bin", d);
+    snprintf(pb, sizeof pb, "%s/c/model_00000006.bin", d);
+    CHECK(rc1 == 0 && cp == 0 && rc2 == 0 && files_equal(pa, pb), "hybrid run (rc %d) and its resume from step 3 (rc %d): "
+          "final checkpoints %s", rc1, rc2, files_equal(pa, pb) ? "equal" : "differ");
+    size_t n;
+    uint8_t* b = slurp_file(pa, &n);
+    int has = b && strstr((char*)b, "\nconfig attn_layers 1\n") && strstr((char*)b, "\nconfig attn_kv_heads 1\n") &&
+              strstr((char*)b, "\ntensor attn_wk 1x32x64 ") && strstr((char*)b, "\ntensor w_q 1x64x64 ");
+    free(b);
+    CHECK(has, "the hybrid checkpoint's header records attn_layers 1, 1 kv head, attn_wk (1, 32, 64) and one mixer's w_q");
+    snprintf(cmd, sizeof cmd, "./train_pdn -e %s --generate 40 --prompt '1 2 3'", pa);
+    int rc3 = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc3 == 0, "generation from the hybrid checkpoint: rc %d", rc3);
+    // a checkpoint as written before issue 19: the same file without the five attention lines
+    snprintf(cmd, sizeof cmd, "./train_pdn -b 2 -t 32 --mqar-pairs 4 -v 0 -m 1 -x 1 -o %s/p", d);
+    int rc4 = run_cmd(cmd, outbuf, sizeof outbuf);
+    const char* lines[] = {"config attn_layers none\n", "config attn_heads 0\n", "config attn_kv_heads 0\n",
+                           "config attn_window 0\n", "config rope_theta 10000\n"};
+    int ok = 1;
+    for (int i = 0; i < 5; i++) {
+        snprintf(pa, sizeof pa, i ? "%s/old%d.bin" : "%s/p/model_00000001.bin", d, i);
+        snprintf(pb, sizeof pb, "%s/old%d.bin", d, i + 1);
+        ok &= rewrite_header(pa, pb, lines[i], "");
+    }
+    snprintf(cmd, sizeof cmd, "./train_pdn -e %s --generate 2 --prompt 1", pb);
+    int rc5 = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc4 == 0 && ok && rc5 == 0, "a checkpoint without the attention lines: written %d, edited %d, loads (rc %d)", rc4, ok, rc5);
+    printf("  hybrid (attention at layer 1 of 2, 1 kv head, window 8): trains, resumes bit for bit, records its layers, "
+           "generates; an older checkpoint without the attention lines loads\n");
+    test_dir_done(d, f0);
+}
+
 static void test_mqar_learns(void) {
     TestDir td;
     tdir_open(&td, "mqar_learns");
@@ -2374,12 +2524,16 @@ __attribute__((noinline)) static float zero_test_update(float p, float g, int te
 }
 
 static void test_zero_plan(void) {
-    struct { const char* variant; int tie, layers; } cfgs[] = {{"pgdn", 0, 2}, {"pkda", 1, 3}, {"dn", 0, 1}};
+    // the last: a hybrid whose middle layer is attention (its slices sit in other tensors than its neighbours')
+    struct { const char* variant; int tie, layers; uint64_t attn; } cfgs[] = {{"pgdn", 0, 2, 0}, {"pkda", 1, 3, 0}, {"dn", 0, 1, 0},
+                                                                              {"gdn", 1, 3, 2}};
     int worlds[] = {1, 2, 3, 5, 8};
     int cases = 0;
     for (size_t ci = 0; ci < sizeof(cfgs) / sizeof(cfgs[0]); ci++) {
         PdnConfig c = small_config(cfgs[ci].variant, 0, cfgs[ci].tie);
         c.n_layer = cfgs[ci].layers;
+        c.attn_layers.w[0] = cfgs[ci].attn;
+        pdn_config_check(&c);
         PdnLayout lay;
         pdn_build_layout(&c, &lay);
         size_t n = lay.num_elems;
@@ -2954,6 +3108,9 @@ static void run_float_tests(void) {
     const char* variants[] = {"dn", "pdn", "gdn", "pgdn", "kda", "pkda"};
     for (int v = 0; v < 6; v++) { test_recurrent_matches_full(variants[v], 0); }
     test_recurrent_matches_full("pgdn", 1);
+    // hybrids: the attention layers' KV cache (full causal, and a window of 5 that the 23 tokens outgrow)
+    recurrent_matches_full("pgdn+attn", hybrid_config("pgdn", 2, (const int[]){1, -1}, 2, 2, 0, 10000.0f));
+    recurrent_matches_full("gdn+attn-gqa-w5", hybrid_config("gdn", 3, (const int[]){0, 2, -1}, 2, 1, 5, 500.0f));
     printf("MQAR:\n");
     test_mqar_generator();
     run_dist_tests();
@@ -2966,6 +3123,7 @@ static void run_float_tests(void) {
     test_count_params();
     printf("checkpoints, resume, determinism:\n");
     test_checkpoints_and_resume();
+    test_hybrid_run();
     run_robustness_tests();
     printf("command line:\n");
     test_cli_errors();

@@ -329,7 +329,7 @@ static int train_field_shown(const TrainConfig* tc, const TrainField* f) {
 
 static void print_config_box(const PdnConfig* mc, const TrainConfig* tc, const PdnLayout* lay, const char* device,
                              const char* precision) {
-    char v[96];
+    char v[PDN_VALUE_MAX];
     box_rule();
     box_line("Parameter", "Value");
     box_rule();
@@ -786,9 +786,11 @@ static int parse_prompt(const char* s, int* out, int max, int vocab_size) {
 // command line describes; ck: the checkpoint's.
 static void check_model_flags(const TrainConfig* tc, const PdnConfig* flags, const PdnConfig* ck, const char* path) {
     static const char* const by_variant[] = {"decay", "precond", "out_gate"};
-    char diff[1024] = "", a[64], b[64];
+    char diff[1024] = "", a[PDN_VALUE_MAX], b[PDN_VALUE_MAX];
     PdnConfig f = *flags;
     if (f.mlp_hidden == 0) { f.mlp_hidden = pdn_default_mlp_hidden(f.d_model); }   // as pdn_config_check fills it
+    if (layerset_count(&f.attn_layers) && f.attn_heads == 0) { f.attn_heads = f.n_head; }
+    if (layerset_count(&f.attn_layers) && f.attn_kv_heads == 0) { f.attn_kv_heads = f.attn_heads; }
     for (int k = 0; k < PDN_NUM_FIELDS; k++) {
         const PdnField* fd = &PDN_FIELDS[k];
         int set = (tc->model_flags_given >> k) & 1;
@@ -798,9 +800,10 @@ static void check_model_flags(const TrainConfig* tc, const PdnConfig* flags, con
         if (!set) { continue; }
         pdn_field_str(&f, fd, a, sizeof a);
         pdn_field_str(ck, fd, b, sizeof b);
-        if (strcmp(a, b) != 0 && strlen(diff) + 200 < sizeof diff) {
-            size_t l = strlen(diff);
-            snprintf(diff + l, sizeof diff - l, "%s%s %s (the flags ask for %s)", l ? ", " : "", fd->name, b, a);
+        if (strcmp(a, b) != 0) {   // a long layer list is cut at 150 characters
+            char item[400];
+            snprintf(item, sizeof item, "%s%.40s %.150s (the flags ask for %.150s)", diff[0] ? ", " : "", fd->name, b, a);
+            if (strlen(diff) + strlen(item) < sizeof diff) { strcat(diff, item); }
         }
     }
     if (diff[0]) {
@@ -1246,9 +1249,9 @@ static void tr_sum(Trainer* tr, double* v, int n);
 // as floats (--debug-state).
 static void tr_host_state(Trainer* tr, real* params, real* m, real* v);
 static void tr_grads(Trainer* tr, float* out);
-// generation: a recurrent state for a prompt of P tokens; feed n tokens (the prompt, then one at a time; n = P or 1)
-// and get the last one's logits as vocab floats in row
-static GenState* tr_gen_open(Trainer* tr, int P);
+// generation: a recurrent state for a prompt of P tokens and total tokens in all (the attention layers' KV cache);
+// feed n tokens (the prompt, then one at a time; n = P or 1) and get the last one's logits as vocab floats in row
+static GenState* tr_gen_open(Trainer* tr, int P, int total);
 static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row);
 static void tr_gen_close(GenState* g);
 // a multi-GPU job's watchdog: the phase that starts now may take up to --dist-timeout (nothing on the CPU)
@@ -1327,7 +1330,7 @@ static void run_check(Run* r) {
 // during training leaves the training exactly as it was.
 static void generate_tokens(Trainer* tr, int vocab, const int* prompt, int P, int n, float temperature, int top_k,
                             uint64_t seed, int* out) {
-    GenState* g = tr_gen_open(tr, P);
+    GenState* g = tr_gen_open(tr, P, P + n);
     Rng rng;
     rng_seed(&rng, seed);
     float* row = (float*)mallocCheck((size_t)vocab * sizeof(float));

@@ -6,7 +6,8 @@ is tested against it. The model is defined in MODEL.md; section numbers below re
 Read it top to bottom:
   1. layers: one forward/backward pair per op (backward functions always ACCUMULATE into their outputs)
   2. the mixer: preconditioners (diagonal MODEL.md §3.6, exact MODEL.md §5), then the delta rule in its two forms,
-     per token (MODEL.md §3, the definition) and chunkwise (MODEL.md §4, the fast algorithm), forward and backward
+     per token (MODEL.md §3, the definition) and chunkwise (MODEL.md §4, the fast algorithm), forward and backward;
+     2b. softmax attention with the rotary embedding, the layer kind of --attn-layers (hybrid models)
   3. the model: parameters (layout from pdn.h), activations, forward, backward, AdamW
   4. recurrent inference and sampling
   5. training: the calls train_common.h's run makes on this model (a step, an evaluation batch, generation,
@@ -1056,6 +1057,131 @@ static void delta_backward(real* dq, real* dk, real* dkt, real* dv, real* dbeta,
 }
 
 // ----------------------------------------------------------------------------------------------------
+// 2b. softmax attention (issue 19), the second layer kind: fla's Attention layer (q/k/v/o projections without bias,
+// the rotary embedding on q and k, causal softmax attention, optionally in a sliding window, grouped-query heads)
+
+// The rotary embedding of fla's RotaryEmbedding (rotate-half, GPT-NeoX form): in a head of D, the pair (i, i + D/2)
+// turns by pos * theta^(-2i/D) where pos is the token's position in the sequence (pos0 + t). The angle is made as
+// fla makes it, in fp32 (inverse frequency, then position times it), so the export computes the same rotation.
+static inline float rope_angle(int pos, int i, int D, float theta) {
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+    return (float)pos * inv_freq;
+}
+
+// out (B, T, nh, D) = rotate(inp (B, T, nh, D)) by the angles times dir (+1; -1 is the rotation's transpose), written
+// or, with accumulate, added; out may be inp when written
+static void rope_rotate(real* out, const real* inp, int B, int T, int nh, int D, int pos0, float theta, real dir, int accumulate) {
+    int half = D / 2;
+    #pragma omp parallel for collapse(2)
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; i < half; i++) {
+                float ang = rope_angle(pos0 + t, i, D, theta);
+                real cs = R(cos((double)ang)), sn = dir * R(sin((double)ang));
+                for (int h = 0; h < nh; h++) {
+                    size_t r = (((size_t)b * T + t) * nh + h) * D;
+                    real x1 = inp[r + i], x2 = inp[r + half + i];
+                    real y1 = x1 * cs - x2 * sn, y2 = x2 * cs + x1 * sn;
+                    if (accumulate) { out[r + i] += y1; out[r + half + i] += y2; }
+                    else { out[r + i] = y1; out[r + half + i] = y2; }
+                }
+            }
+        }
+    }
+}
+
+static void rope_forward(real* out, const real* inp, int B, int T, int nh, int D, int pos0, float theta) {
+    rope_rotate(out, inp, B, T, nh, D, pos0, theta, R(1), 0);
+}
+
+// dinp += rotateᵀ(dout): the transpose of a rotation turns by the opposite angle
+static void rope_backward(real* dinp, const real* dout, int B, int T, int nh, int D, int pos0, float theta) {
+    rope_rotate(dinp, dout, B, T, nh, D, pos0, theta, R(-1), 1);
+}
+
+// the first key a query at position pos sees: window W counts the query's own token (flash_attn's (W-1, 0))
+static inline int attn_first_key(int pos, int W) { return W > 0 && pos - W + 1 > 0 ? pos - W + 1 : 0; }
+
+// Causal softmax attention. q, o: (B, T, Hq, D); k, v: (B, Tcap, Hkv, D) of which the first Tk positions hold keys,
+// the T queries being the last T of them (Tk = T in training; with a KV cache Tk = tokens so far). Query head h reads
+// key/value head h / (Hq / Hkv). o = softmax(q kᵀ / sqrt(D)) v per row; lse (B, T, Hq): the log of each row's
+// softmax denominator, with the max folded in (what the backward needs to rebuild the probabilities).
+static void attention_forward(real* o, real* lse, const real* q, const real* k, const real* v, int B, int T, int Tk,
+                              int Tcap, int Hq, int Hkv, int D, int W) {
+    int G = Hq / Hkv;
+    real scale = R(1) / sqrt(R(D));
+    #pragma omp parallel
+    {
+        real* s = (real*)mallocCheck((size_t)Tk * sizeof(real));   // one row's scores
+        #pragma omp for collapse(2) schedule(static)
+        for (int b = 0; b < B; b++) {
+            for (int h = 0; h < Hq; h++) {
+                int hk = h / G;
+                for (int t = 0; t < T; t++) {
+                    int pos = Tk - T + t, j0 = attn_first_key(pos, W);
+                    const real* qr = q + (((size_t)b * T + t) * Hq + h) * D;
+                    real mx = -INFINITY;
+                    for (int j = j0; j <= pos; j++) {
+                        const real* kr = k + (((size_t)b * Tcap + j) * Hkv + hk) * D;
+                        real dot = 0;
+                        for (int e = 0; e < D; e++) { dot += qr[e] * kr[e]; }
+                        s[j] = dot * scale;
+                        if (s[j] > mx) { mx = s[j]; }
+                    }
+                    real sum = 0;
+                    for (int j = j0; j <= pos; j++) { s[j] = exp(s[j] - mx); sum += s[j]; }
+                    real* orow = o + (((size_t)b * T + t) * Hq + h) * D;
+                    for (int e = 0; e < D; e++) { orow[e] = 0; }
+                    for (int j = j0; j <= pos; j++) {
+                        const real* vr = v + (((size_t)b * Tcap + j) * Hkv + hk) * D;
+                        real p = s[j] / sum;
+                        for (int e = 0; e < D; e++) { orow[e] += p * vr[e]; }
+                    }
+                    lse[((size_t)b * T + t) * Hq + h] = mx + log(sum);
+                }
+            }
+        }
+        free(s);
+    }
+}
+
+// Gradients (accumulated) of attention_forward in training (Tk = Tcap = T): with P = exp(S - lse),
+// dV += Pᵀ dO, dS = P ⊙ (dO Vᵀ - rowsum(dO ⊙ O)), dQ += dS K / sqrt(D), dK += dSᵀ Q / sqrt(D). A thread owns a
+// key/value head and the query heads of its group, so every sum runs in a fixed order.
+static void attention_backward(real* dq, real* dk, real* dv, const real* dout, const real* q, const real* k,
+                               const real* v, const real* o, const real* lse, int B, int T, int Hq, int Hkv, int D, int W) {
+    int G = Hq / Hkv;
+    real scale = R(1) / sqrt(R(D));
+    #pragma omp parallel for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+        for (int hk = 0; hk < Hkv; hk++) {
+            for (int g = 0; g < G; g++) {
+                int h = hk * G + g;
+                for (int t = 0; t < T; t++) {
+                    size_t qi = (((size_t)b * T + t) * Hq + h) * D;
+                    const real *qr = q + qi, *dor = dout + qi, *orow = o + qi;
+                    real* dqr = dq + qi;
+                    real l = lse[((size_t)b * T + t) * Hq + h], Di = 0;
+                    for (int e = 0; e < D; e++) { Di += dor[e] * orow[e]; }
+                    for (int j = attn_first_key(t, W); j <= t; j++) {
+                        size_t ki = (((size_t)b * T + j) * Hkv + hk) * D;
+                        const real *kr = k + ki, *vr = v + ki;
+                        real dot = 0, dp = 0;
+                        for (int e = 0; e < D; e++) { dot += qr[e] * kr[e]; dp += dor[e] * vr[e]; }
+                        real p = exp(dot * scale - l), ds = p * (dp - Di) * scale;
+                        for (int e = 0; e < D; e++) {
+                            dv[ki + e] += p * dor[e];
+                            dqr[e] += ds * kr[e];
+                            dk[ki + e] += ds * qr[e];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------------------------------
 // 3. the model
 
 typedef struct {
@@ -1089,15 +1215,22 @@ typedef struct {
     real *h;                            // (N, d) residual stream after the mixer
     real *ln2, *ln2_rstd;               // (N, d), (N)
     real *mg, *mu, *ma;                 // (N, I) MLP gate, up, silu(gate) * up
+    // an attention layer's instead of the mixer's (Ha query heads, Hkv key/value heads of D; KVD = Hkv * D)
+    real *aq, *ak, *av;                 // (N, d), (N, KVD), (N, KVD) projections
+    real *aqr, *akr;                    // the same q and k after the rotary embedding
+    real *ao, *alse;                    // (N, d) attention output, (N, Ha) its rows' log-sum-exp
 } LayerActs;
 
 // Point the fields of la into base (or only count, if base is NULL); returns the number of elements.
-// with_states = 0 drops the chunk-start states (not needed in the gradient scratch).
-static size_t layer_acts_point(LayerActs* la, real* base, const PdnConfig* c, int B, int T, int C, int with_states) {
+// with_states = 0 drops the chunk-start states (not needed in the gradient scratch). attn: the layer is attention
+// (its mixer fields are empty), else a mixer layer (its attention fields are empty).
+static size_t layer_acts_point(LayerActs* la, real* base, const PdnConfig* c, int B, int T, int C, int with_states, int attn) {
     size_t N = (size_t)B * T, d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c);
     size_t HK = H * K, HV = H * V, I = c->mlp_hidden, NC = (T + C - 1) / C;
-    size_t gk = pdn_decay_width(c);
+    size_t gk = pdn_decay_width(c), Ha = c->attn_heads, KVD = pdn_attn_kv_dim(c);
     int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
+    size_t mix = attn ? 0 : 1, at = attn ? 1 : 0;   // multiply each size by its kind's flag
+    H *= mix; HK *= mix; HV *= mix; V *= mix; gk *= mix; Ha *= at; KVD *= at;
     struct { real** p; size_t n; } f[] = {
         {&la->ln1, N * d}, {&la->ln1_rstd, N}, {&la->qp, N * HK}, {&la->kp, N * HK}, {&la->vp, N * HV},
         {&la->qc, N * HK}, {&la->kc, N * HK}, {&la->vc, N * HV}, {&la->qs, N * HK}, {&la->ks, N * HK}, {&la->v, N * HV},
@@ -1111,6 +1244,8 @@ static size_t layer_acts_point(LayerActs* la, real* base, const PdnConfig* c, in
         {&la->on, N * HV}, {&la->o_rstd, N * H},
         {&la->g1, c->out_gate ? N * V : 0}, {&la->gz, c->out_gate ? N * HV : 0}, {&la->og, c->out_gate ? N * HV : 0},
         {&la->h, N * d}, {&la->ln2, N * d}, {&la->ln2_rstd, N}, {&la->mg, N * I}, {&la->mu, N * I}, {&la->ma, N * I},
+        {&la->aq, N * d * at}, {&la->ak, N * KVD}, {&la->av, N * KVD}, {&la->aqr, N * d * at}, {&la->akr, N * KVD},
+        {&la->ao, N * d * at}, {&la->alse, N * Ha},
     };
     size_t off = 0;
     for (size_t i = 0; i < sizeof(f) / sizeof(f[0]); i++) {
@@ -1131,14 +1266,22 @@ typedef struct {
     real *logits, *losses;        // (N, vocab) (probabilities after the loss, dlogits after its backward), (N)
     // backward scratch (allocated with grads = 1): one layer's worth, reused by every layer
     real* gmem;
-    LayerActs g;
+    size_t gsize;                 // elements of gmem before dresid: one layer's gradients, either kind
     real *dresid, *dlnf;          // (N, d)
 } Acts;
 
 static void layer_acts_at(const Model* m, const Acts* a, int l, LayerActs* la) {
     size_t N = (size_t)a->B * a->T;
     real* base = a->mem + (size_t)(m->cfg.n_layer + 1) * N * m->cfg.d_model + (size_t)l * a->layer_size;
-    layer_acts_point(la, base, &m->cfg, a->B, a->T, m->C, 1);
+    layer_acts_point(la, base, &m->cfg, a->B, a->T, m->C, 1, pdn_is_attn(&m->cfg, l));
+}
+
+// the larger of a layer's two kinds (every layer gets the same room)
+static size_t layer_acts_size(const PdnConfig* c, int B, int T, int C, int with_states) {
+    LayerActs tmp;
+    size_t mix = layer_acts_point(&tmp, NULL, c, B, T, C, with_states, 0);
+    size_t att = layerset_count(&c->attn_layers) ? layer_acts_point(&tmp, NULL, c, B, T, C, with_states, 1) : 0;
+    return mix > att ? mix : att;
 }
 
 static Acts acts_alloc(const Model* m, int B, int T, int grads) {
@@ -1147,8 +1290,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int grads) {
     memset(&a, 0, sizeof(a));
     a.B = B; a.T = T;
     size_t N = (size_t)B * T, d = c->d_model;
-    LayerActs tmp;
-    a.layer_size = layer_acts_point(&tmp, NULL, c, B, T, m->C, 1);
+    a.layer_size = layer_acts_size(c, B, T, m->C, 1);
     size_t total = (size_t)(c->n_layer + 1) * N * d + (size_t)c->n_layer * a.layer_size + N * d + N + N * c->vocab_size + N;
     a.mem = (real*)mallocCheck(total * sizeof(real));
     a.resid = a.mem;
@@ -1158,9 +1300,9 @@ static Acts acts_alloc(const Model* m, int B, int T, int grads) {
     a.logits = p; p += N * c->vocab_size;
     a.losses = p;
     if (grads) {
-        size_t gs = layer_acts_point(&a.g, NULL, c, B, T, m->C, 0);
+        size_t gs = layer_acts_size(c, B, T, m->C, 0);
         a.gmem = (real*)mallocCheck((gs + 2 * N * d) * sizeof(real));
-        layer_acts_point(&a.g, a.gmem, c, B, T, m->C, 0);
+        a.gsize = gs;
         a.dresid = a.gmem + gs;
         a.dlnf = a.dresid + N * d;
     }
@@ -1176,6 +1318,8 @@ typedef struct {
     real *S;             // (L, B, H, K, V) delta-rule state
     real *a;             // (L, B, H, K) diagonal preconditioner statistic
     real *P;             // (L, B, H, K, K) exact preconditioner
+    real *kc, *vc;       // (attention layers, B, Tcap, KVD): the KV cache, keys after the rotary embedding
+    int Tcap, pos;       // the cache's room in tokens; tokens fed so far (the next token's position)
 } RecState;
 
 // new history = the last cs-1 rows of [old history; z]
@@ -1196,6 +1340,53 @@ static void conv_history_update(real* hist, const real* z, int B, int T, int Ch,
 }
 
 static int rs_B(const RecState* rs) { return rs ? rs->B : 0; }
+
+// An attention layer's part between its norms (fla's Attention): from la->ln1 (N, d) to la->h = o_proj(attention)
+// (the caller adds the residual). With rs the keys and values go into its KV cache after the rs->pos tokens before
+// them, and the queries attend over the whole cache.
+static void attn_layer_forward(const Model* m, LayerActs* la, RecState* rs, int l, int B, int T) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    const real* p = m->params;
+    int d = c->d_model, Ha = c->attn_heads, Hkv = c->attn_kv_heads, D = pdn_attn_head_dim(c), KVD = pdn_attn_kv_dim(c);
+    size_t N = (size_t)B * T;
+    int pos0 = rs ? rs->pos : 0;
+    matmul_forward(la->aq, la->ln1, PDN_PARAM(p, lay, T_AQ, l), NULL, N, d, d);
+    matmul_forward(la->ak, la->ln1, PDN_PARAM(p, lay, T_AK, l), NULL, N, d, KVD);
+    matmul_forward(la->av, la->ln1, PDN_PARAM(p, lay, T_AV, l), NULL, N, d, KVD);
+    rope_forward(la->aqr, la->aq, B, T, Ha, D, pos0, c->rope_theta);
+    rope_forward(la->akr, la->ak, B, T, Hkv, D, pos0, c->rope_theta);
+    if (rs) {
+        if (pos0 + T > rs->Tcap) { fail(EXIT_USAGE, "the KV cache holds %d tokens, %d were asked for", rs->Tcap, pos0 + T); }
+        size_t cb = (size_t)lay->slot[l] * rs->B * rs->Tcap * KVD; // this layer's cache
+        for (int b = 0; b < B; b++) {
+            size_t dst = cb + ((size_t)b * rs->Tcap + pos0) * KVD, src = (size_t)b * T * KVD;
+            memcpy(rs->kc + dst, la->akr + src, (size_t)T * KVD * sizeof(real));
+            memcpy(rs->vc + dst, la->av + src, (size_t)T * KVD * sizeof(real));
+        }
+        attention_forward(la->ao, la->alse, la->aqr, rs->kc + cb, rs->vc + cb, B, T, pos0 + T, rs->Tcap, Ha, Hkv, D, c->attn_window);
+    } else {
+        attention_forward(la->ao, la->alse, la->aqr, la->akr, la->av, B, T, T, T, Ha, Hkv, D, c->attn_window);
+    }
+    matmul_forward(la->h, la->ao, PDN_PARAM(p, lay, T_AO, l), NULL, N, d, d);
+}
+
+// its backward: dl->h (N, d) holds dL/dh; accumulates dl->ln1 and the layer's parameter gradients
+static void attn_layer_backward(Model* m, const LayerActs* la, LayerActs* dl, int l, int B, int T) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    const real* p = m->params;
+    int d = c->d_model, Ha = c->attn_heads, Hkv = c->attn_kv_heads, D = pdn_attn_head_dim(c), KVD = pdn_attn_kv_dim(c);
+    size_t N = (size_t)B * T;
+    matmul_backward(dl->ao, PDN_PARAM(m->grads, lay, T_AO, l), NULL, dl->h, la->ao, PDN_PARAM(p, lay, T_AO, l), N, d, d);
+    attention_backward(dl->aqr, dl->akr, dl->av, dl->ao, la->aqr, la->akr, la->av, la->ao, la->alse, B, T, Ha, Hkv, D,
+                       c->attn_window);
+    rope_backward(dl->aq, dl->aqr, B, T, Ha, D, 0, c->rope_theta);
+    rope_backward(dl->ak, dl->akr, B, T, Hkv, D, 0, c->rope_theta);
+    matmul_backward(dl->ln1, PDN_PARAM(m->grads, lay, T_AQ, l), NULL, dl->aq, la->ln1, PDN_PARAM(p, lay, T_AQ, l), N, d, d);
+    matmul_backward(dl->ln1, PDN_PARAM(m->grads, lay, T_AK, l), NULL, dl->ak, la->ln1, PDN_PARAM(p, lay, T_AK, l), N, d, KVD);
+    matmul_backward(dl->ln1, PDN_PARAM(m->grads, lay, T_AV, l), NULL, dl->av, la->ln1, PDN_PARAM(p, lay, T_AV, l), N, d, KVD);
+}
 
 // Forward pass over tokens (B, T) into a->logits. rs: NULL for training (zero initial state), else the
 // recurrent state, read at the start and advanced past these T tokens.
@@ -1220,6 +1411,9 @@ static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs
         real* x = a->resid + (size_t)l * N * d;
         size_t lb = (size_t)l * rs_B(rs);
         rmsnorm_forward(la.ln1, la.ln1_rstd, x, W(T_ATTN_NORM), N, d, eps);
+        if (pdn_is_attn(c, l)) {
+            attn_layer_forward(m, &la, rs, l, B, T);
+        } else {
         matmul_forward(la.qp, la.ln1, W(T_WQ), NULL, N, d, HK);
         matmul_forward(la.kp, la.ln1, W(T_WK), NULL, N, d, HK);
         matmul_forward(la.vp, la.ln1, W(T_WV), NULL, N, d, HV);
@@ -1267,6 +1461,7 @@ static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs
             sigmoid_mul_forward(la.og, la.on, la.gz, N * HV);
         }
         matmul_forward(la.h, la.og, W(T_WO), NULL, N, HV, d);
+        }
         add_inplace(la.h, x, N * d);
         rmsnorm_forward(la.ln2, la.ln2_rstd, la.h, W(T_MLP_NORM), N, d, eps);
         matmul_forward(la.mg, la.ln2, W(T_WGATE), NULL, N, d, I);
@@ -1280,6 +1475,7 @@ static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs
     rmsnorm_forward(a->lnf, a->lnf_rstd, a->resid + (size_t)c->n_layer * N * d, PDN_PARAM(p, lay, T_FINAL_NORM, 0), N, d, eps);
     const real* head = PDN_PARAM(p, lay, c->tie_embeddings ? T_WTE : T_LM_HEAD, 0);
     matmul_forward(a->logits, a->lnf, head, NULL, N, d, c->vocab_size);
+    if (rs) { rs->pos += T; }
 }
 
 // Backward pass: a->logits must hold dL/dlogits (crossentropy_backward). Accumulates into m->grads.
@@ -1298,13 +1494,13 @@ static void pdn_backward(Model* m, Acts* a, const int* tokens) {
                     N, d, c->vocab_size);
     rmsnorm_backward(a->dresid, PDN_PARAM(m->grads, lay, T_FINAL_NORM, 0), a->dlnf, a->resid + (size_t)c->n_layer * N * d,
                      PDN_PARAM(p, lay, T_FINAL_NORM, 0), a->lnf_rstd, N, d);
-    size_t gsize = layer_acts_point(&a->g, a->gmem, c, B, T, C, 0);
     for (int l = c->n_layer - 1; l >= 0; l--) {
 #define W(id) PDN_PARAM(p, lay, id, l)
 #define DW(id) PDN_PARAM(m->grads, lay, id, l)
-        LayerActs la, dl = a->g;
+        LayerActs la, dl;
         layer_acts_at(m, a, l, &la);
-        memset(a->gmem, 0, gsize * sizeof(real));
+        layer_acts_point(&dl, a->gmem, c, B, T, C, 0, pdn_is_attn(c, l));
+        memset(a->gmem, 0, a->gsize * sizeof(real));
         const real* x = a->resid + (size_t)l * N * d;
         // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2), ln2 = RMSNorm(h); a->dresid = dL/dout
         memcpy(dl.h, a->dresid, N * d * sizeof(real));
@@ -1313,8 +1509,13 @@ static void pdn_backward(Model* m, Acts* a, const int* tokens) {
         matmul_backward(dl.ln2, DW(T_WGATE), NULL, dl.mg, la.ln2, W(T_WGATE), N, d, I);
         matmul_backward(dl.ln2, DW(T_WUP), NULL, dl.mu, la.ln2, W(T_WUP), N, d, I);
         rmsnorm_backward(dl.h, DW(T_MLP_NORM), dl.ln2, la.h, W(T_MLP_NORM), la.ln2_rstd, N, d);
-        // mixer: h = x + W_o og
         memcpy(a->dresid, dl.h, N * d * sizeof(real));
+        if (pdn_is_attn(c, l)) {
+            attn_layer_backward(m, &la, &dl, l, B, T);
+            rmsnorm_backward(a->dresid, DW(T_ATTN_NORM), dl.ln1, x, W(T_ATTN_NORM), la.ln1_rstd, N, d);
+            continue;
+        }
+        // mixer: h = x + W_o og
         matmul_backward(dl.og, DW(T_WO), NULL, dl.h, la.og, W(T_WO), N, HV, d);
         if (c->out_gate) {
             sigmoid_mul_backward(dl.on, dl.gz, dl.og, la.on, la.gz, N * HV);
@@ -1427,10 +1628,16 @@ static void model_free(Model* m) { free(m->params); free(m->grads); free(m->m); 
 // ----------------------------------------------------------------------------------------------------
 // 4. recurrent inference: the state carries everything, so each new token costs the same whatever came before
 
-static RecState recstate_alloc(const PdnConfig* c, int B, real ridge) {
+// Tcap: the most tokens a sequence will hold (the attention layers' KV cache; the mixer's state has a fixed size)
+static RecState recstate_alloc(const PdnConfig* c, int B, real ridge, int Tcap) {
     RecState r;
     size_t L = c->n_layer, H = c->n_head, K = c->head_k, V = pdn_head_v(c), cs1 = c->conv_size - 1;
+    size_t kv = (size_t)layerset_count(&c->attn_layers) * B * Tcap * pdn_attn_kv_dim(c);
     r.B = B;
+    r.Tcap = Tcap;
+    r.pos = 0;
+    r.kc = (real*)callocCheck(kv + 1, sizeof(real));
+    r.vc = (real*)callocCheck(kv + 1, sizeof(real));
     r.hq = (real*)callocCheck(L * B * cs1 * H * K + 1, sizeof(real));
     r.hk = (real*)callocCheck(L * B * cs1 * H * K + 1, sizeof(real));
     r.hv = (real*)callocCheck(L * B * cs1 * H * V + 1, sizeof(real));
@@ -1443,7 +1650,9 @@ static RecState recstate_alloc(const PdnConfig* c, int B, real ridge) {
     return r;
 }
 
-static void recstate_free(RecState* r) { free(r->hq); free(r->hk); free(r->hv); free(r->S); free(r->a); free(r->P); }
+static void recstate_free(RecState* r) {
+    free(r->hq); free(r->hk); free(r->hv); free(r->S); free(r->a); free(r->P); free(r->kc); free(r->vc);
+}
 
 // ----------------------------------------------------------------------------------------------------
 // 5. training
@@ -1513,10 +1722,10 @@ static void tr_grads(Trainer* tr, float* out) {
 
 struct GenState { const Model* m; RecState rs; Acts ap, a1; };
 
-static GenState* tr_gen_open(Trainer* tr, int P) {
+static GenState* tr_gen_open(Trainer* tr, int P, int total) {
     GenState* g = (GenState*)mallocCheck(sizeof(GenState));
     g->m = &tr->m;
-    g->rs = recstate_alloc(&tr->m.cfg, 1, tr->m.cfg.ridge);
+    g->rs = recstate_alloc(&tr->m.cfg, 1, tr->m.cfg.ridge, total);
     g->ap = acts_alloc(g->m, 1, P, 0);
     g->a1 = acts_alloc(g->m, 1, 1, 0);
     return g;

@@ -62,6 +62,10 @@ static void cuda_check(cudaError_t err, const char* file, int line) {
     }
 }
 #define cudaCheck(err) cuda_check(err, __FILE__, __LINE__)
+// cuDNN's fused attention: the bf16 build, where the Makefile found cuDNN (else it passes -DNO_CUDNN)
+#if !defined(ENABLE_FP32) && !defined(NO_CUDNN)
+#define USE_CUDNN
+#endif
 
 static void cublas_check(cublasStatus_t st, const char* file, int line) {
     if (st != CUBLAS_STATUS_SUCCESS) {
@@ -3904,6 +3908,589 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
 }
 
 // ----------------------------------------------------------------------------------------------------
+// 3b. softmax attention layers (issue 19; train_pdn.c section 2b is the reference): the rotary embedding and causal
+// (optionally windowed) grouped-query attention. These kernels are the FP32 build's, generation's (the KV cache) and
+// the bf16 build's when cuDNN's fused attention is not available (section 3c). Layouts: q, o (B, T, Hq, D) = the
+// projections' rows; k, v (B, Tcap, Hkv, D); lse (B, Hq, T) fp32, each row's log-sum-exp (cuDNN's stats layout).
+
+#define ATTN_MAX_D 256   // head dims up to this (8 elements a lane)
+
+// the angle of fla's RotaryEmbedding as train_pdn.c's rope_angle makes it (fp32), its cosine and sine in double
+__device__ __forceinline__ void rope_cs(int pos, int i, int D, float theta, float* cs, float* sn) {
+    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+    float ang = (float)pos * inv_freq;
+    double s, c;
+    sincos((double)ang, &s, &c);
+    *cs = (float)c; *sn = (float)s;
+}
+
+// out (N, nh, D) = rotate(inp) by the angles times dir (-1: the transpose, for the backward); a thread per pair (i, i +
+// D/2) of a row; out may be inp
+template <typename Tin, typename Tout>
+__global__ void rope_kernel(Tout* out, const Tin* inp, long N, int T, int nh, int D, int pos0, float theta, float dir) {
+    int half = D / 2;
+    long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * nh * half) { return; }
+    int i = (int)(idx % half);
+    long r = idx / half, n = r / nh;
+    float cs, sn;
+    rope_cs(pos0 + (int)(n % T), i, D, theta, &cs, &sn);
+    sn *= dir;
+    long base = r * D;
+    float x1 = tof(inp[base + i]), x2 = tof(inp[base + half + i]);
+    out[base + i] = fromf<Tout>(x1 * cs - x2 * sn);
+    out[base + half + i] = fromf<Tout>(x2 * cs + x1 * sn);
+}
+
+template <typename Tin, typename Tout>
+static void rope_launch(Tout* out, const Tin* inp, long N, int T, int nh, int D, int pos0, float theta, float dir) {
+    long n = N * nh * (D / 2);
+    rope_kernel<Tin, Tout><<<cdiv(n, 256), 256, 0, main_stream>>>(out, inp, N, T, nh, D, pos0, theta, dir);
+    cudaCheck(cudaGetLastError());
+}
+
+// the first key the query at position pos sees (window W counts the query's own token; 0: all)
+__device__ __forceinline__ int attn_first_key(int pos, int W) { return W > 0 && pos - W + 1 > 0 ? pos - W + 1 : 0; }
+
+// Forward, a warp per (b, t, h) query row with an online softmax over its keys (the T queries are the last T of Tk
+// positions: Tk = T in training, the tokens so far with a KV cache). Each lane holds D/32 columns.
+__global__ void attention_forward_kernel(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v, int B,
+                                         int T, int Tk, int Tcap, int Hq, int Hkv, int D, int W, float scale) {
+    long warp = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (warp >= (long)B * T * Hq) { return; }
+    int h = (int)(warp % Hq), t = (int)((warp / Hq) % T), b = (int)(warp / ((long)Hq * T));
+    int hk = h / (Hq / Hkv), pos = Tk - T + t, ne = (D + 31) / 32;
+    const floatX* qr = q + (((long)b * T + t) * Hq + h) * D;
+    float qv[ATTN_MAX_D / 32], acc[ATTN_MAX_D / 32];
+    for (int e = 0; e < ne; e++) { int c = lane + 32 * e; qv[e] = c < D ? tof(qr[c]) : 0.0f; acc[e] = 0.0f; }
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = attn_first_key(pos, W); j <= pos; j++) {
+        const floatX* kr = k + (((long)b * Tcap + j) * Hkv + hk) * D;
+        const floatX* vr = v + (((long)b * Tcap + j) * Hkv + hk) * D;
+        float dot = 0.0f;
+        for (int e = 0; e < ne; e++) { int c = lane + 32 * e; if (c < D) { dot += qv[e] * tof(kr[c]); } }
+        float s = warp_sum(dot) * scale, mnew = fmaxf(mx, s), corr = expf(mx - mnew), p = expf(s - mnew);
+        sum = sum * corr + p;
+        for (int e = 0; e < ne; e++) { int c = lane + 32 * e; if (c < D) { acc[e] = acc[e] * corr + p * tof(vr[c]); } }
+        mx = mnew;
+    }
+    floatX* orow = o + (((long)b * T + t) * Hq + h) * D;
+    for (int e = 0; e < ne; e++) { int c = lane + 32 * e; if (c < D) { orow[c] = fromf<floatX>(acc[e] / sum); } }
+    if (lane == 0) { lse[((long)b * Hq + h) * T + t] = mx + logf(sum); }
+}
+
+// Backward (training: Tk = Tcap = T), with P = exp(S - lse) and Di = rowsum(dO ⊙ O):
+// dQ = scale * Σ_j P (dO·v_j - Di) k_j, a warp per query row (it also stores Di for the second kernel)
+__global__ void attention_backward_dq_kernel(float* dq, float* Di, const floatX* dout, const floatX* q, const floatX* k,
+                                             const floatX* v, const floatX* o, const float* lse, int B, int T, int Hq,
+                                             int Hkv, int D, int W, float scale) {
+    long warp = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (warp >= (long)B * T * Hq) { return; }
+    int h = (int)(warp % Hq), t = (int)((warp / Hq) % T), b = (int)(warp / ((long)Hq * T));
+    int hk = h / (Hq / Hkv), ne = (D + 31) / 32;
+    long qi = (((long)b * T + t) * Hq + h) * D;
+    float qv[ATTN_MAX_D / 32], dov[ATTN_MAX_D / 32], acc[ATTN_MAX_D / 32], di = 0.0f;
+    for (int e = 0; e < ne; e++) {
+        int c = lane + 32 * e;
+        qv[e] = c < D ? tof(q[qi + c]) : 0.0f; dov[e] = c < D ? tof(dout[qi + c]) : 0.0f; acc[e] = 0.0f;
+        if (c < D) { di += dov[e] * tof(o[qi + c]); }
+    }
+    di = warp_sum(di);
+    float l = lse[((long)b * Hq + h) * T + t];
+    for (int j = attn_first_key(t, W); j <= t; j++) {
+        long ki = (((long)b * T + j) * Hkv + hk) * D;
+        float dot = 0.0f, dp = 0.0f;
+        for (int e = 0; e < ne; e++) { int c = lane + 32 * e; if (c < D) { dot += qv[e] * tof(k[ki + c]); dp += dov[e] * tof(v[ki + c]); } }
+        dot = warp_sum(dot); dp = warp_sum(dp);
+        float ds = expf(dot * scale - l) * (dp - di);
+        for (int e = 0; e < ne; e++) { int c = lane + 32 * e; if (c < D) { acc[e] += ds * tof(k[ki + c]); } }
+    }
+    for (int e = 0; e < ne; e++) { int c = lane + 32 * e; if (c < D) { dq[qi + c] = acc[e] * scale; } }
+    if (lane == 0) { Di[((long)b * Hq + h) * T + t] = di; }
+}
+
+// dK_j = scale * Σ P (dO·v_j - Di) q, dV_j = Σ P dO over the queries that see key j (t in [j, j + W - 1]) of every
+// query head of its group: a warp per key row, so each sum runs in one order
+__global__ void attention_backward_dkdv_kernel(float* dk, floatX* dv, const floatX* dout, const floatX* q, const floatX* k,
+                                               const floatX* v, const float* lse, const float* Di, int B, int T, int Hq,
+                                               int Hkv, int D, int W, float scale) {
+    long warp = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    int lane = threadIdx.x % 32;
+    if (warp >= (long)B * T * Hkv) { return; }
+    int hk = (int)(warp % Hkv), j = (int)((warp / Hkv) % T), b = (int)(warp / ((long)Hkv * T));
+    int G = Hq / Hkv, ne = (D + 31) / 32, t1 = W > 0 && j + W - 1 < T - 1 ? j + W - 1 : T - 1;
+    long ki = (((long)b * T + j) * Hkv + hk) * D;
+    float kv[ATTN_MAX_D / 32], vv[ATTN_MAX_D / 32], dka[ATTN_MAX_D / 32], dva[ATTN_MAX_D / 32];
+    for (int e = 0; e < ne; e++) {
+        int c = lane + 32 * e;
+        kv[e] = c < D ? tof(k[ki + c]) : 0.0f; vv[e] = c < D ? tof(v[ki + c]) : 0.0f; dka[e] = dva[e] = 0.0f;
+    }
+    for (int g = 0; g < G; g++) {
+        int h = hk * G + g;
+        for (int t = j; t <= t1; t++) {
+            long qi = (((long)b * T + t) * Hq + h) * D;
+            float dot = 0.0f, dp = 0.0f;
+            for (int e = 0; e < ne; e++) { int c = lane + 32 * e; if (c < D) { dot += tof(q[qi + c]) * kv[e]; dp += tof(dout[qi + c]) * vv[e]; } }
+            dot = warp_sum(dot); dp = warp_sum(dp);
+            long r = ((long)b * Hq + h) * T + t;
+            float p = expf(dot * scale - lse[r]), ds = p * (dp - Di[r]);
+            for (int e = 0; e < ne; e++) {
+                int c = lane + 32 * e;
+                if (c < D) { dva[e] += p * tof(dout[qi + c]); dka[e] += ds * tof(q[qi + c]); }
+            }
+        }
+    }
+    for (int e = 0; e < ne; e++) {
+        int c = lane + 32 * e;
+        if (c < D) { dk[ki + c] = dka[e] * scale; dv[ki + c] = fromf<floatX>(dva[e]); }
+    }
+}
+
+static void attention_forward_own(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v, int B, int T,
+                                  int Tk, int Tcap, int Hq, int Hkv, int D, int W) {
+    long warps = (long)B * T * Hq;
+    attention_forward_kernel<<<cdiv(warps * 32, 256), 256, 0, main_stream>>>(o, lse, q, k, v, B, T, Tk, Tcap, Hq, Hkv, D, W,
+                                                                             1.0f / sqrtf((float)D));
+    cudaCheck(cudaGetLastError());
+}
+
+// dq, dk fp32 (before the rotary embedding's backward), dv floatX; Di: (B, Hq, T) scratch
+static void attention_backward_own(float* dq, float* dk, floatX* dv, float* Di, const floatX* dout, const floatX* q,
+                                   const floatX* k, const floatX* v, const floatX* o, const float* lse, int B, int T, int Hq,
+                                   int Hkv, int D, int W) {
+    float scale = 1.0f / sqrtf((float)D);
+    long wq = (long)B * T * Hq, wk = (long)B * T * Hkv;
+    attention_backward_dq_kernel<<<cdiv(wq * 32, 256), 256, 0, main_stream>>>(dq, Di, dout, q, k, v, o, lse, B, T, Hq, Hkv,
+                                                                              D, W, scale);
+    cudaCheck(cudaGetLastError());
+    attention_backward_dkdv_kernel<<<cdiv(wk * 32, 256), 256, 0, main_stream>>>(dk, dv, dout, q, k, v, lse, Di, B, T, Hq,
+                                                                                Hkv, D, W, scale);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------
+// 3c. cuDNN's fused flash attention (bf16 build), through the backend graph API in this one place. The operation graph
+// is the SDPA pattern cuDNN's fused engine matches: S = Q Kᵀ (fp32), S *= 1/sqrt(D), the causal mask (row and column
+// indices, row >= col, and with a window col + W > row; else -inf), the softmax with its stats (max, sub, exp, sum, log, add -> Stats; div -> P), O = P V.
+// Built once for the training shape at startup (sdpa_setup); when it cannot be finalized there the reason is printed
+// and the own kernels of section 3b run. The FP32 build always runs the own kernels (the fp32 comparison with the CPU).
+// The backward graph is cuDNN's fused backward pattern (one key/value head per query head; grouped-query heads run
+// the own kernels, which read cuDNN's O and Stats: their layout (B, H, T, 1) is the own kernels' lse).
+
+#ifdef USE_CUDNN
+#include <cudnn_graph.h>
+
+static void cudnn_check(cudnnStatus_t st, const char* file, int line) {
+    if (st != CUDNN_STATUS_SUCCESS) {
+        char msg[512] = "";
+        cudnnGetLastErrorString(msg, sizeof msg);
+        fprintf(stderr, "error: cuDNN %s [%s:%d] %s\n", cudnnGetErrorString(st), file, line, msg);
+        exit(EXIT_SYSTEM);
+    }
+}
+#define cudnnCheck(st) cudnn_check(st, __FILE__, __LINE__)
+
+// a built plan: its workspace, the descriptors it was made from (kept while it lives) and the shape it is for (ok = 0:
+// not built; why says what failed). One handle for all of them.
+struct SdpaPlan {
+    int ok, B, T, Hq, Hkv, D, W;
+    cudnnBackendDescriptor_t plan;
+    void* ws; int64_t ws_bytes;
+    std::vector<cudnnBackendDescriptor_t>* graph;
+    char why[400];
+};
+static cudnnHandle_t sdpa_handle = nullptr;
+static SdpaPlan sdpa_fwd = {}, sdpa_bwd = {};
+static float *sdpa_softmax_sum = nullptr, *sdpa_dq_accum = nullptr;   // the backward graph's fp32 tensors in memory
+
+// a graph under construction: every descriptor made, so that all are destroyed at the end; the first failure is kept
+struct SdpaBuild {
+    std::vector<cudnnBackendDescriptor_t> made;
+    cudnnStatus_t st = CUDNN_STATUS_SUCCESS;
+    char where[96] = "";
+    bool fine() const { return st == CUDNN_STATUS_SUCCESS; }
+    void check(cudnnStatus_t s, const char* what) {
+        if (fine() && s != CUDNN_STATUS_SUCCESS) { st = s; snprintf(where, sizeof where, "%s", what); }
+    }
+    cudnnBackendDescriptor_t make(cudnnBackendDescriptorType_t type, const char* what) {
+        cudnnBackendDescriptor_t d = nullptr;
+        check(cudnnBackendCreateDescriptor(type, &d), what);
+        if (d) { made.push_back(d); }
+        return d;
+    }
+    void set(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t a, cudnnBackendAttributeType_t t, int64_t n,
+             const void* v, const char* what) {
+        if (fine()) { check(cudnnBackendSetAttribute(d, a, t, n, v), what); }
+    }
+    void finalize(cudnnBackendDescriptor_t d, const char* what) { if (fine()) { check(cudnnBackendFinalize(d), what); } }
+    // a 4-d tensor; virtual ones are the graph's intermediates, by-value ones scalars passed from the host
+    cudnnBackendDescriptor_t tensor(int64_t uid, cudnnDataType_t dt, const int64_t* dim, const int64_t* stride,
+                                    bool is_virtual, bool by_value = false) {
+        cudnnBackendDescriptor_t t = make(CUDNN_BACKEND_TENSOR_DESCRIPTOR, "tensor");
+        int64_t align = 16;
+        set(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &dt, "tensor type");
+        set(t, CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dim, "tensor dims");
+        set(t, CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, stride, "tensor strides");
+        set(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid, "tensor uid");
+        set(t, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align, "tensor alignment");
+        set(t, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &is_virtual, "tensor virtual");
+        if (by_value) { set(t, CUDNN_ATTR_TENSOR_IS_BY_VALUE, CUDNN_TYPE_BOOLEAN, 1, &by_value, "tensor by value"); }
+        finalize(t, "tensor");
+        return t;
+    }
+    // y = mode(x[, b[, t]]); axis >= 0 for GEN_INDEX; prec: the compute type (boolean for comparisons, as cuDNN's
+    // own SDPA graphs have them)
+    cudnnBackendDescriptor_t pointwise(cudnnPointwiseMode_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t b,
+                                       cudnnBackendDescriptor_t tsel, cudnnBackendDescriptor_t y, int64_t axis = -1,
+                                       cudnnDataType_t prec = CUDNN_DATA_FLOAT) {
+        cudnnBackendDescriptor_t pw = make(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, "pointwise");
+        set(pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode, "pointwise mode");
+        set(pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec, "pointwise precision");
+        if (axis >= 0) { set(pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, 1, &axis, "pointwise axis"); }
+        finalize(pw, "pointwise");
+        return op(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw},
+                  {CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x}, {CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b},
+                  {CUDNN_ATTR_OPERATION_POINTWISE_TDESC, tsel}, {CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y}}, "pointwise op");
+    }
+    cudnnBackendDescriptor_t matmul(cudnnBackendDescriptor_t a, cudnnBackendDescriptor_t b, cudnnBackendDescriptor_t c) {
+        cudnnBackendDescriptor_t mm = make(CUDNN_BACKEND_MATMUL_DESCRIPTOR, "matmul");
+        cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+        set(mm, CUDNN_ATTR_MATMUL_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "matmul compute type");
+        finalize(mm, "matmul");
+        return op(CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_MATMUL_ADESC, a},
+                  {CUDNN_ATTR_OPERATION_MATMUL_BDESC, b}, {CUDNN_ATTR_OPERATION_MATMUL_CDESC, c},
+                  {CUDNN_ATTR_OPERATION_MATMUL_DESC, mm}}, "matmul op");
+    }
+    cudnnBackendDescriptor_t reduction(cudnnReduceTensorOp_t mode, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t y) {
+        cudnnBackendDescriptor_t rd = make(CUDNN_BACKEND_REDUCTION_DESCRIPTOR, "reduction");
+        cudnnDataType_t comp = CUDNN_DATA_FLOAT;
+        set(rd, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode, "reduction mode");
+        set(rd, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp, "reduction compute type");
+        finalize(rd, "reduction");
+        return op(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_REDUCTION_XDESC, x},
+                  {CUDNN_ATTR_OPERATION_REDUCTION_YDESC, y}, {CUDNN_ATTR_OPERATION_REDUCTION_DESC, rd}}, "reduction op");
+    }
+    // an operation node: its descriptor attributes (the null ones left unset), finalized
+    cudnnBackendDescriptor_t op(cudnnBackendDescriptorType_t type,
+                                std::initializer_list<std::pair<cudnnBackendAttributeName_t, cudnnBackendDescriptor_t>> attrs,
+                                const char* what) {
+        cudnnBackendDescriptor_t o = make(type, what);
+        for (auto& a : attrs) {
+            if (a.second) { set(o, a.first, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &a.second, what); }
+        }
+        finalize(o, what);
+        return o;
+    }
+    // The masks as cuDNN's SDPA patterns have them (row, col from gen_index over the scores): causal, row >= col, and
+    // with a window (window: its by-value tensor, else null) also col + W > row, i.e. row - col < W; masked scores
+    // become -inf. The operations go into ops, the intermediates take uids from *uid.
+    void causal_mask(std::vector<cudnnBackendDescriptor_t>& ops, cudnnBackendDescriptor_t x, cudnnBackendDescriptor_t neginf,
+                     cudnnBackendDescriptor_t window, cudnnBackendDescriptor_t y, const int64_t* dim, const int64_t* stride,
+                     int64_t* uid) {
+        auto row = tensor((*uid)++, CUDNN_DATA_INT32, dim, stride, true), col = tensor((*uid)++, CUDNN_DATA_INT32, dim, stride, true);
+        auto mask = tensor((*uid)++, CUDNN_DATA_BOOLEAN, dim, stride, true);
+        auto yc = window ? tensor((*uid)++, CUDNN_DATA_FLOAT, dim, stride, true) : y;
+        ops.push_back(pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, row, 2));
+        ops.push_back(pointwise(CUDNN_POINTWISE_GEN_INDEX, x, nullptr, nullptr, col, 3));
+        ops.push_back(pointwise(CUDNN_POINTWISE_CMP_GE, row, col, nullptr, mask, -1, CUDNN_DATA_BOOLEAN));
+        ops.push_back(pointwise(CUDNN_POINTWISE_BINARY_SELECT, x, neginf, mask, yc));
+        if (!window) { return; }
+        auto row2 = tensor((*uid)++, CUDNN_DATA_INT32, dim, stride, true), col2 = tensor((*uid)++, CUDNN_DATA_INT32, dim, stride, true);
+        auto colw = tensor((*uid)++, CUDNN_DATA_FLOAT, dim, stride, true), mask2 = tensor((*uid)++, CUDNN_DATA_BOOLEAN, dim, stride, true);
+        ops.push_back(pointwise(CUDNN_POINTWISE_GEN_INDEX, yc, nullptr, nullptr, row2, 2));
+        ops.push_back(pointwise(CUDNN_POINTWISE_GEN_INDEX, yc, nullptr, nullptr, col2, 3));
+        ops.push_back(pointwise(CUDNN_POINTWISE_ADD, col2, window, nullptr, colw, 3));
+        ops.push_back(pointwise(CUDNN_POINTWISE_CMP_GT, colw, row2, nullptr, mask2, -1, CUDNN_DATA_BOOLEAN));
+        ops.push_back(pointwise(CUDNN_POINTWISE_BINARY_SELECT, yc, neginf, mask2, y));
+    }
+    // a plan was made from them: they stay with it (sdpa_release destroys them), else they go now
+    bool keep = false;
+    ~SdpaBuild() { if (!keep) { for (auto d : made) { cudnnBackendDestroyDescriptor(d); } } }
+};
+
+// The operation graph of ops, cuDNN's heuristics (mode A) over it, and the first engine config whose plan finalizes,
+// into p. Returns 1, or 0 with p.why.
+static int sdpa_plan(SdpaBuild& g, cudnnBackendDescriptor_t* ops, int nops, SdpaPlan& p, int B, int T, int Hq, int Hkv,
+                     int D, int W) {
+    auto graph = g.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
+    g.set(graph, CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR, nops, ops, "graph ops");
+    g.set(graph, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &sdpa_handle, "graph handle");
+    g.finalize(graph, "operation graph");
+    auto heur = g.make(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "heuristics");
+    cudnnBackendHeurMode_t hm = CUDNN_HEUR_MODE_A;
+    g.set(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph, "heuristics graph");
+    g.set(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &hm, "heuristics mode");
+    g.finalize(heur, "heuristics (no engine matches the graph?)");
+    // the engine configs the heuristics rank, tried in order until one's plan finalizes
+    const int want = 8;
+    cudnnBackendDescriptor_t cfgs[want];
+    for (int i = 0; i < want; i++) { cfgs[i] = g.make(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, "engine config"); }
+    int64_t got = 0;
+    if (g.fine()) { g.check(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, want, &got, cfgs), "heuristics results"); }
+    if (g.fine() && got == 0) { snprintf(p.why, sizeof p.why, "cuDNN's heuristics offer no engine for the graph"); return 0; }
+    cudnnStatus_t last = CUDNN_STATUS_SUCCESS;
+    for (int64_t i = 0; g.fine() && i < got; i++) {
+        cudnnBackendDescriptor_t plan = nullptr;
+        if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS) { continue; }
+        cudnnStatus_t s1 = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &sdpa_handle);
+        cudnnStatus_t s2 = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG,
+                                                    CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &cfgs[i]);
+        last = s1 != CUDNN_STATUS_SUCCESS ? s1 : s2 != CUDNN_STATUS_SUCCESS ? s2 : cudnnBackendFinalize(plan);
+        if (last != CUDNN_STATUS_SUCCESS) { cudnnBackendDestroyDescriptor(plan); continue; }
+        int64_t n = 0;
+        cudnnCheck(cudnnBackendGetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n, &p.ws_bytes));
+        if (p.ws_bytes > 0) { cudaCheck(cudaMalloc(&p.ws, (size_t)p.ws_bytes)); }
+        p.plan = plan;
+        p.graph = new std::vector<cudnnBackendDescriptor_t>(g.made);
+        g.keep = true;
+        p.ok = 1; p.B = B; p.T = T; p.Hq = Hq; p.Hkv = Hkv; p.D = D; p.W = W;
+        return 1;
+    }
+    if (!g.fine()) {
+        char msg[256] = "";
+        cudnnGetLastErrorString(msg, sizeof msg);
+        snprintf(p.why, sizeof p.why, "%s failed: %s %s", g.where, cudnnGetErrorString(g.st), msg);
+    } else {
+        snprintf(p.why, sizeof p.why, "none of the %lld engine configs finalized (last: %s)", (long long)got,
+                 cudnnGetErrorString(last));
+    }
+    return 0;
+}
+
+// run a plan with its tensors (uids[i] at ptrs[i]; by-value scalars as host pointers)
+static void sdpa_run(const SdpaPlan& p, const int64_t* uids, void* const* ptrs, int n) {
+    cudnnBackendDescriptor_t vp;
+    cudnnCheck(cudnnBackendCreateDescriptor(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, &vp));
+    cudnnCheck(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, uids));
+    cudnnCheck(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n, ptrs));
+    cudnnCheck(cudnnBackendSetAttribute(vp, CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &p.ws));
+    cudnnCheck(cudnnBackendFinalize(vp));
+    cudnnCheck(cudnnBackendExecute(sdpa_handle, p.plan, vp));
+    cudnnCheck(cudnnBackendDestroyDescriptor(vp));
+}
+
+// the tensors' unique ids in the variant pack
+enum { SDPA_Q = 1, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_NEGINF, SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV,
+       SDPA_ONE, SDPA_SOFTMAX_SUM, SDPA_DQ_ACCUM, SDPA_WINDOW };
+
+// Build the forward graph and its plan for (B, T, Hq, Hkv, D), causal, in a window of W tokens if W > 0; q, o (B, T, Hq, D) and k, v (B, T, Hkv,
+// D) as the projections write them (cuDNN's BSHD strides), Stats (B, Hq, T, 1) fp32. Returns 1, or 0 with sdpa_fwd.why.
+static int sdpa_build_forward(int B, int T, int Hq, int Hkv, int D, int W) {
+    SdpaBuild g;
+    int64_t b = B, s = T, h = Hq, hk = Hkv, d = D;
+    int64_t dq[4] = {b, h, s, d}, sq[4] = {s * h * d, d, h * d, 1};          // Q, O
+    int64_t dkt[4] = {b, hk, d, s}, skt[4] = {s * hk * d, d, 1, hk * d};    // Kᵀ: K's memory with the last two swapped
+    int64_t dv[4] = {b, hk, s, d}, sv[4] = {s * hk * d, d, hk * d, 1};      // V
+    int64_t ds[4] = {b, h, s, s}, ss[4] = {h * s * s, s * s, s, 1};         // the scores (virtual)
+    int64_t dr[4] = {b, h, s, 1}, sr[4] = {h * s, s, 1, 1};                  // per row: max, sum, Stats
+    int64_t d1[4] = {1, 1, 1, 1}, s1[4] = {1, 1, 1, 1};                      // scalars
+    int64_t uid = 100;                                                       // virtual tensors from 100 on
+    cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, fl = CUDNN_DATA_FLOAT;
+    auto Q = g.tensor(SDPA_Q, bf, dq, sq, false), K = g.tensor(SDPA_K, bf, dkt, skt, false);
+    auto V = g.tensor(SDPA_V, bf, dv, sv, false), O = g.tensor(SDPA_O, bf, dq, sq, false);
+    auto Stats = g.tensor(SDPA_STATS, fl, dr, sr, false);
+    auto scale = g.tensor(SDPA_SCALE, fl, d1, s1, false, true), neginf = g.tensor(SDPA_NEGINF, fl, d1, s1, false, true);
+    auto S1 = g.tensor(uid++, fl, ds, ss, true), S2 = g.tensor(uid++, fl, ds, ss, true), S3 = g.tensor(uid++, fl, ds, ss, true);
+    auto M = g.tensor(uid++, fl, dr, sr, true), S4 = g.tensor(uid++, fl, ds, ss, true), E = g.tensor(uid++, fl, ds, ss, true);
+    auto Z = g.tensor(uid++, fl, dr, sr, true), logZ = g.tensor(uid++, fl, dr, sr, true), P = g.tensor(uid++, fl, ds, ss, true);
+    auto window = W ? g.tensor(SDPA_WINDOW, fl, d1, s1, false, true) : nullptr;
+    std::vector<cudnnBackendDescriptor_t> ops = {g.matmul(Q, K, S1), g.pointwise(CUDNN_POINTWISE_MUL, S1, scale, nullptr, S2)};
+    g.causal_mask(ops, S2, neginf, window, S3, ds, ss, &uid);
+    ops.insert(ops.end(), {
+        g.reduction(CUDNN_REDUCE_TENSOR_MAX, S3, M),
+        g.pointwise(CUDNN_POINTWISE_SUB, S3, M, nullptr, S4),
+        g.pointwise(CUDNN_POINTWISE_EXP, S4, nullptr, nullptr, E),
+        g.reduction(CUDNN_REDUCE_TENSOR_ADD, E, Z),
+        g.pointwise(CUDNN_POINTWISE_LOG, Z, nullptr, nullptr, logZ),
+        g.pointwise(CUDNN_POINTWISE_ADD, M, logZ, nullptr, Stats),
+        g.pointwise(CUDNN_POINTWISE_DIV, E, Z, nullptr, P),
+        g.matmul(P, V, O),
+    });
+    return sdpa_plan(g, ops.data(), (int)ops.size(), sdpa_fwd, B, T, Hq, Hkv, D, W);
+}
+
+// Build the backward graph (the pattern of cuDNN's fused flash-attention backward; one key/value head per query head:
+// grouped-query attention runs the own kernels): softmax_sum = rowsum(dO ⊙ O); P = exp(mask(Q Kᵀ · scale) - Stats);
+// dV = Pᵀ dO; dS = P ⊙ (dO Vᵀ - softmax_sum) · scale; dK = dSᵀ Q; dQ = dS K (accumulated in fp32, then written).
+// K and V come in transposed views (D, T) as in the forward; softmax_sum and the fp32 dQ accumulator are tensors in
+// memory (sdpa_softmax_sum, sdpa_dq_accum, the latter zeroed before each run). Returns 1, or 0 with sdpa_bwd.why.
+static int sdpa_build_backward(int B, int T, int H, int D, int W) {
+    SdpaBuild g;
+    int64_t b = B, s = T, h = H, d = D;
+    int64_t dq[4] = {b, h, s, d}, sq[4] = {s * h * d, d, h * d, 1};          // Q, O, dO, dQ, dK, dV (BSHD)
+    int64_t dkt[4] = {b, h, d, s}, skt[4] = {s * h * d, d, 1, h * d};       // Kᵀ, Vᵀ views
+    int64_t dacc[4] = {b, h, s, d}, sacc[4] = {h * s * d, s * d, d, 1};     // the fp32 dQ accumulator (BHSD)
+    int64_t ds[4] = {b, h, s, s}, ss[4] = {h * s * s, s * s, s, 1};         // scores (virtual)
+    int64_t dst[4] = {b, h, s, s}, sst[4] = {h * s * s, s * s, 1, s};       // their transposes (reshape)
+    int64_t dr[4] = {b, h, s, 1}, sr[4] = {h * s, s, 1, 1};                  // per row
+    int64_t d1[4] = {1, 1, 1, 1}, s1[4] = {1, 1, 1, 1};
+    int64_t uid = 100;
+    cudnnDataType_t bf = CUDNN_DATA_BFLOAT16, fl = CUDNN_DATA_FLOAT;
+    auto Q = g.tensor(SDPA_Q, bf, dq, sq, false), K = g.tensor(SDPA_K, bf, dkt, skt, false);
+    auto V = g.tensor(SDPA_V, bf, dkt, skt, false), O = g.tensor(SDPA_O, bf, dq, sq, false);
+    auto dO = g.tensor(SDPA_DO, bf, dq, sq, false), Stats = g.tensor(SDPA_STATS, fl, dr, sr, false);
+    auto dQ = g.tensor(SDPA_DQ, bf, dq, sq, false), dK = g.tensor(SDPA_DK, bf, dq, sq, false);
+    auto dV = g.tensor(SDPA_DV, bf, dq, sq, false);
+    auto scale = g.tensor(SDPA_SCALE, fl, d1, s1, false, true), neginf = g.tensor(SDPA_NEGINF, fl, d1, s1, false, true);
+    auto one = g.tensor(SDPA_ONE, fl, d1, s1, false, true);
+    auto ssum = g.tensor(SDPA_SOFTMAX_SUM, fl, dr, sr, false), dQacc = g.tensor(SDPA_DQ_ACCUM, fl, dacc, sacc, false);
+    auto dOO = g.tensor(uid++, fl, dq, sq, true), rsum = g.tensor(uid++, fl, dr, sr, true);
+    auto S1 = g.tensor(uid++, fl, ds, ss, true), S2 = g.tensor(uid++, fl, ds, ss, true), S3 = g.tensor(uid++, fl, ds, ss, true);
+    auto S4 = g.tensor(uid++, fl, ds, ss, true), P = g.tensor(uid++, fl, ds, ss, true);
+    auto PT = g.tensor(uid++, bf, dst, sst, true);
+    auto dP = g.tensor(uid++, fl, ds, ss, true), dP2 = g.tensor(uid++, fl, ds, ss, true), dS = g.tensor(uid++, fl, ds, ss, true);
+    auto dS2 = g.tensor(uid++, fl, ds, ss, true), dST = g.tensor(uid++, bf, dst, sst, true);
+    auto Kr = g.tensor(uid++, bf, dq, sq, true);   // K in its own (T, D) view
+    std::vector<cudnnBackendDescriptor_t> ops = {
+        g.pointwise(CUDNN_POINTWISE_MUL, dO, O, nullptr, dOO),
+        g.reduction(CUDNN_REDUCE_TENSOR_ADD, dOO, rsum),
+        g.pointwise(CUDNN_POINTWISE_MUL, rsum, one, nullptr, ssum),
+        g.matmul(Q, K, S1),
+        g.pointwise(CUDNN_POINTWISE_MUL, S1, scale, nullptr, S2),
+        g.pointwise(CUDNN_POINTWISE_SUB, S2, Stats, nullptr, S3),
+    };
+    auto window = W ? g.tensor(SDPA_WINDOW, fl, d1, s1, false, true) : nullptr;
+    g.causal_mask(ops, S3, neginf, window, S4, ds, ss, &uid);
+    ops.insert(ops.end(), {
+        g.pointwise(CUDNN_POINTWISE_EXP, S4, nullptr, nullptr, P),
+        g.op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, P},
+             {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, PT}}, "reshape P"),
+        g.matmul(PT, dO, dV),
+        g.matmul(dO, V, dP),
+        g.pointwise(CUDNN_POINTWISE_SUB, dP, ssum, nullptr, dP2),
+        g.pointwise(CUDNN_POINTWISE_MUL, dP2, P, nullptr, dS),
+        g.pointwise(CUDNN_POINTWISE_MUL, dS, scale, nullptr, dS2),
+        g.op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, dS2},
+             {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, dST}}, "reshape dS"),
+        g.matmul(dST, Q, dK),
+        g.op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, K},
+             {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, Kr}}, "reshape K"),
+        g.matmul(dS2, Kr, dQacc),
+        g.pointwise(CUDNN_POINTWISE_IDENTITY, dQacc, nullptr, nullptr, dQ),
+    });
+    if (!sdpa_plan(g, ops.data(), (int)ops.size(), sdpa_bwd, B, T, H, H, D, W)) { return 0; }
+    cudaCheck(cudaMalloc(&sdpa_softmax_sum, (size_t)B * H * T * sizeof(float)));
+    cudaCheck(cudaMalloc(&sdpa_dq_accum, (size_t)B * H * T * D * sizeof(float)));
+    return 1;
+}
+
+// drop the built plans (the kernel lab builds them per shape)
+static void sdpa_release(void) {
+    for (SdpaPlan* p : {&sdpa_fwd, &sdpa_bwd}) {
+        if (p->plan) { cudnnCheck(cudnnBackendDestroyDescriptor(p->plan)); }
+        if (p->graph) { for (auto d : *p->graph) { cudnnBackendDestroyDescriptor(d); } delete p->graph; }
+        if (p->ws) { cudaCheck(cudaFree(p->ws)); }
+        memset(p, 0, sizeof(*p));
+    }
+    if (sdpa_softmax_sum) { cudaCheck(cudaFree(sdpa_softmax_sum)); }
+    if (sdpa_dq_accum) { cudaCheck(cudaFree(sdpa_dq_accum)); }
+    sdpa_softmax_sum = sdpa_dq_accum = nullptr;
+}
+
+// the plans for a shape (B, T, Hq, Hkv, D) and window W (0: full causal), where the fused engines apply (head dim a
+// multiple of 8 up to 128; the backward with one key/value head per query head); a failure leaves its reason in the
+// plan's why
+static void sdpa_build(int B, int T, int Hq, int Hkv, int D, int W) {
+    sdpa_release();
+    if (!sdpa_handle) {
+        cudnnCheck(cudnnCreate(&sdpa_handle));
+        cudnnCheck(cudnnSetStream(sdpa_handle, main_stream));
+    }
+    if (D % 8 || D > 128) {
+        snprintf(sdpa_fwd.why, sizeof sdpa_fwd.why, "head dim %d: the fused engine here takes multiples of 8 up to 128", D);
+        snprintf(sdpa_bwd.why, sizeof sdpa_bwd.why, "%s", sdpa_fwd.why);
+        return;
+    }
+    sdpa_build_forward(B, T, Hq, Hkv, D, W);
+    if (Hq != Hkv) { snprintf(sdpa_bwd.why, sizeof sdpa_bwd.why, "grouped-query heads are not in the backward graph"); }
+    else { sdpa_build_backward(B, T, Hq, D, W); }
+}
+
+// at startup: the plans for the training shape
+static void sdpa_setup(const PdnConfig* c, int B, int T) {
+    if (!layerset_count(&c->attn_layers)) { return; }
+    sdpa_build(B, T, c->attn_heads, c->attn_kv_heads, pdn_attn_head_dim(c), c->attn_window);
+}
+
+static bool sdpa_fits(const SdpaPlan& p, int B, int T, int Hq, int Hkv, int D, int W) {
+    return p.ok && p.W == W && p.B == B && p.T == T && p.Hq == Hq && p.Hkv == Hkv && p.D == D;
+}
+
+// run the plans (shapes already matched)
+static void sdpa_forward(floatX* o, float* stats, const floatX* q, const floatX* k, const floatX* v, int D) {
+    float scale = 1.0f / sqrtf((float)D), neginf = -INFINITY, window = (float)sdpa_fwd.W;
+    int64_t uids[8] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_NEGINF, SDPA_WINDOW};
+    void* ptrs[8] = {(void*)q, (void*)k, (void*)v, (void*)o, (void*)stats, &scale, &neginf, &window};
+    sdpa_run(sdpa_fwd, uids, ptrs, sdpa_fwd.W ? 8 : 7);
+}
+
+static void sdpa_backward(floatX* dq, floatX* dk, floatX* dv, const floatX* dout, const floatX* q, const floatX* k,
+                          const floatX* v, const floatX* o, const float* stats, int D) {
+    const SdpaPlan& p = sdpa_bwd;
+    float scale = 1.0f / sqrtf((float)D), neginf = -INFINITY, one = 1.0f, window = (float)p.W;
+    cudaCheck(cudaMemsetAsync(sdpa_dq_accum, 0, (size_t)p.B * p.Hq * p.T * p.D * sizeof(float), main_stream));
+    int64_t uids[15] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_SCALE,
+                        SDPA_NEGINF, SDPA_ONE, SDPA_SOFTMAX_SUM, SDPA_DQ_ACCUM, SDPA_WINDOW};
+    void* ptrs[15] = {(void*)q, (void*)k, (void*)v, (void*)o, (void*)stats, (void*)dout, dq, dk, dv, &scale, &neginf, &one,
+                      sdpa_softmax_sum, sdpa_dq_accum, &window};
+    sdpa_run(p, uids, ptrs, p.W ? 15 : 14);
+}
+#endif
+
+// ----------------------------------------------------------------------------------------------------
+// 3d. the training path of attention: which implementation runs (decided once at startup, printed in the kernel plan)
+
+// training (Tk = Tcap = T): o (B, T, Ha, D), lse (B, Ha, T)
+static void attention_forward(floatX* o, float* lse, const floatX* q, const floatX* k, const floatX* v, int B, int T,
+                              int Hq, int Hkv, int D, int W) {
+#ifdef USE_CUDNN
+    if (sdpa_fits(sdpa_fwd, B, T, Hq, Hkv, D, W)) { sdpa_forward(o, lse, q, k, v, D); return; }
+#endif
+    attention_forward_own(o, lse, q, k, v, B, T, T, T, Hq, Hkv, D, W);
+}
+
+// The gradients of q and k before the rotary embedding's backward: cuDNN writes them as floatX into dq_x, dk_x
+// (returns 1), the own kernels as fp32 into dq, dk (returns 0); dv floatX either way. Di: the own kernels' scratch.
+static int attention_backward(floatX* dq_x, floatX* dk_x, float* dq, float* dk, floatX* dv, float* Di, const floatX* dout,
+                              const floatX* q, const floatX* k, const floatX* v, const floatX* o, const float* lse, int B,
+                              int T, int Hq, int Hkv, int D, int W) {
+#ifdef USE_CUDNN
+    if (sdpa_fits(sdpa_bwd, B, T, Hq, Hkv, D, W)) { sdpa_backward(dq_x, dk_x, dv, dout, q, k, v, o, lse, D); return 1; }
+#else
+    (void)dq_x; (void)dk_x;
+#endif
+    attention_backward_own(dq, dk, dv, Di, dout, q, k, v, o, lse, B, T, Hq, Hkv, D, W);
+    return 0;
+}
+
+static void attention_plan_print(const PdnConfig* c) {
+    if (!layerset_count(&c->attn_layers)) { return; }
+    char win[48] = "full causal";
+    if (c->attn_window) { snprintf(win, sizeof win, "a sliding window of %d tokens", c->attn_window); }
+    printf("attention layers: %d of %d, %d query heads of %d, %d key/value heads, %s; rotary theta %g\n",
+           layerset_count(&c->attn_layers), c->n_layer, c->attn_heads, pdn_attn_head_dim(c), c->attn_kv_heads, win,
+           c->rope_theta);
+#ifndef USE_CUDNN
+    printf("  forward and backward: own kernels (%s); generation: own kernels over the KV cache\n",
+           sizeof(floatX) == 4 ? "fp32 build" : "built without cuDNN: its headers or library were not found");
+#else
+    const SdpaPlan* ps[2] = {&sdpa_fwd, &sdpa_bwd};
+    const char* nm[2] = {"forward", "backward"};
+    for (int i = 0; i < 2; i++) {
+        if (ps[i]->ok) {
+            printf("  %s: cuDNN fused flash attention (backend graph, %lld bytes of workspace)\n", nm[i],
+                   (long long)ps[i]->ws_bytes);
+        } else {
+            printf("  %s: own kernels (cuDNN's graph not used: %s)\n", nm[i], ps[i]->why);
+        }
+    }
+    printf("  generation: own kernels over the KV cache\n");
+#endif
+}
+
+// ----------------------------------------------------------------------------------------------------
 // 4. the model
 
 struct Model {
@@ -4004,6 +4591,9 @@ struct LayerActs {
     floatX *g1, *gz, *og;                      // output gate (N, V), (N, HV); og (N, HV) W_o's input
     floatX* h; float* ln2_rstd;                // (N, d), (N)
     floatX *mg, *mu;                           // (N, I)
+    // an attention layer's instead of the mixer's (section 3b): q, k after the rotary embedding, v, the output
+    floatX *aq, *ak, *av, *ao;                 // (N, d), (N, KVD), (N, KVD), (N, d)
+    float* alse;                               // (B, Ha, T) the softmax rows' log-sum-exp
 };
 
 struct GradBufs {
@@ -4013,6 +4603,10 @@ struct GradBufs {
     floatX *din_x, *win_x;  // (N, ip.width) the packed gradients of ln1's projections, (ip.width, d) their weights
     float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dg_pre_f, *alog_prod, *pbuf;
     int *bucket_tok, *bucket_start, *bucket_pos;
+    // attention layers: dO (floatX), dq / dk before the rotary embedding's backward (fp32), the projections' output
+    // gradients (floatX), Di = rowsum(dO ⊙ O) (B, Ha, T)
+    floatX *dao_x, *daq_x, *dak_x, *dav_x;
+    float *daq, *dak, *adi;
 };
 
 // The projections that read ln1 (q, k, v, the gates, f1, g1) in one packed order: their output gradients are column
@@ -4113,11 +4707,21 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     ar.add(&a.ln, N * d); ar.add(&a.ma, N * I);
     int nstore = (!with_grads || recompute) ? 1 : L; // layers with their own activations; the others share L[0]'s
     a.nstore = nstore;
+    int n_attn = layerset_count(&c->attn_layers), Ha = c->attn_heads, KVD = pdn_attn_kv_dim(c);
     size_t before_layers = ar.pending();
     for (int l = 0; l < nstore; l++) {
         LayerActs& la = a.L[l];
         memset(&la, 0, sizeof(la));
         ar.add(&la.ln1_rstd, N);
+        ar.add(&la.h, N * d); ar.add(&la.ln2_rstd, N);
+        ar.add(&la.mg, N * I); ar.add(&la.mu, N * I);
+        // a layer's own kind; one LayerActs shared by all layers holds both
+        bool attn = nstore == 1 ? n_attn > 0 : pdn_is_attn(c, l), mix = nstore == 1 ? n_attn < L : !pdn_is_attn(c, l);
+        if (attn) {
+            ar.add(&la.aq, N * d); ar.add(&la.ak, N * KVD); ar.add(&la.av, N * KVD); ar.add(&la.ao, N * d);
+            ar.add(&la.alse, N * Ha);
+        }
+        if (!mix) { continue; }
         ar.add(&la.qp, N * HK); ar.add(&la.kp, N * HK); ar.add(&la.vp, N * HV);
         ar.add(&la.qn, rows * Kp); ar.add(&la.kn, rows * Kp); ar.add(&la.v, rows * Vp);
         if (diag || exact) { ar.add(&la.kt, rows * Kp); }
@@ -4133,8 +4737,6 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         mixer_saved_add(ar, &la.mx, a.cs);
         ar.add(&la.o_rstd, N * H); ar.add(&la.og, N * HV);
         if (c->out_gate) { ar.add(&la.g1, N * V); ar.add(&la.gz, N * HV); }
-        ar.add(&la.h, N * d); ar.add(&la.ln2_rstd, N);
-        ar.add(&la.mg, N * I); ar.add(&la.mu, N * I);
     }
     a.layer_bytes = (ar.pending() - before_layers) / nstore;
     ar.add(&a.lnf, N * d); ar.add(&a.lnf_rstd, N);
@@ -4161,6 +4763,10 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         ar.add(&g.dq, rows * Kp); ar.add(&g.dkh, rows * Kp); ar.add(&g.dkt, rows * Kp); ar.add(&g.dv, rows * Vp);
         ar.add(&g.dbeta, rows);
         ar.add(&g.bucket_tok, N); ar.add(&g.bucket_start, N + 1); ar.add(&g.bucket_pos, N);
+        if (n_attn) {
+            ar.add(&g.dao_x, N * d); ar.add(&g.daq_x, N * d); ar.add(&g.dak_x, N * KVD); ar.add(&g.dav_x, N * KVD);
+            ar.add(&g.daq, N * d); ar.add(&g.dak, N * KVD); ar.add(&g.adi, N * Ha);
+        }
     }
     ar.alloc();
     for (int l = 0; l < L; l++) {
@@ -4177,12 +4783,19 @@ struct RecState {
     int B;
     floatX *hq, *hk, *hv;   // (L, B, cs-1, HK | HK | HV)
     float *S, *a, *P;       // (L, B, H, Kp, Vp), (L, B, H, Kp), (L, B, H, Kp, Kp): the mixer's padded head sizes
+    floatX *kc, *vc;        // (attention layers, B, Tcap, KVD): the KV cache, keys after the rotary embedding
+    int Tcap, pos;          // the cache's room in tokens; tokens fed so far
     Arena arena;
 };
 
-static RecState recstate_alloc(const PdnConfig* c, int B) {
+// Tcap: the most tokens the sequence will hold (the KV cache)
+static RecState recstate_alloc(const PdnConfig* c, int B, int Tcap) {
     RecState r;
     r.B = B;
+    r.Tcap = Tcap;
+    r.pos = 0;
+    long kv = (long)layerset_count(&c->attn_layers) * B * Tcap * pdn_attn_kv_dim(c);
+    r.arena.add(&r.kc, kv + 1); r.arena.add(&r.vc, kv + 1);
     long L = c->n_layer, H = c->n_head, K = c->head_k, V = pdn_head_v(c), cs1 = c->conv_size - 1;
     long Kp = mixer_pad((int)K), Vp = mixer_pad((int)V);
     r.arena.add(&r.hq, L * B * cs1 * H * K + 1); r.arena.add(&r.hk, L * B * cs1 * H * K + 1);
@@ -4537,6 +5150,68 @@ static void dist_finish(void) {
 #define PP(id, l) PDN_PARAM(m->params, lay, id, l)
 #define GG(id, l) PDN_PARAM(m->grads, lay, id, l)
 
+// An attention layer's part between its norms (train_pdn.c's attn_layer_forward): from ln1 (a->ln) to o_proj's
+// output a->ymix. With rs the keys and values join its KV cache after the rs->pos tokens before them and the queries
+// attend over the whole cache (own kernel); training runs attention_forward (cuDNN's fused attention or own kernel).
+static void attn_layer_forward(const Model* m, Acts* a, int l, RecState* rs) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    int B = a->B, T = a->T, d = c->d_model, Ha = c->attn_heads, Hkv = c->attn_kv_heads, D = pdn_attn_head_dim(c);
+    int KVD = pdn_attn_kv_dim(c), pos0 = rs ? rs->pos : 0;
+    long N = (long)B * T;
+    LayerActs& la = a->L[l];
+    { PROF("fwd.attn.qkv+rope");
+    matmul_forward(la.aq, a->ln, PP(T_AQ, l), nullptr, (int)N, d, d);
+    matmul_forward(la.ak, a->ln, PP(T_AK, l), nullptr, (int)N, d, KVD);
+    matmul_forward(la.av, a->ln, PP(T_AV, l), nullptr, (int)N, d, KVD);
+    rope_launch(la.aq, la.aq, N, T, Ha, D, pos0, c->rope_theta, 1.0f);
+    rope_launch(la.ak, la.ak, N, T, Hkv, D, pos0, c->rope_theta, 1.0f); }
+    PROF("fwd.attn");
+    if (rs) {
+        if (pos0 + T > rs->Tcap) { fail(EXIT_SYSTEM, "internal: the KV cache holds %d tokens, %d were asked for", rs->Tcap, pos0 + T); }
+        long cb = (long)lay->slot[l] * rs->B * rs->Tcap * KVD; // this layer's cache
+        for (int b = 0; b < B; b++) {
+            long dst = cb + ((long)b * rs->Tcap + pos0) * KVD, src = (long)b * T * KVD;
+            size_t bytes = (size_t)T * KVD * sizeof(floatX);
+            cudaCheck(cudaMemcpyAsync(rs->kc + dst, la.ak + src, bytes, cudaMemcpyDeviceToDevice, main_stream));
+            cudaCheck(cudaMemcpyAsync(rs->vc + dst, la.av + src, bytes, cudaMemcpyDeviceToDevice, main_stream));
+        }
+        attention_forward_own(la.ao, la.alse, la.aq, rs->kc + cb, rs->vc + cb, B, T, pos0 + T, rs->Tcap, Ha, Hkv, D,
+                              c->attn_window);
+    } else {
+        attention_forward(la.ao, la.alse, la.aq, la.ak, la.av, B, T, Ha, Hkv, D, c->attn_window);
+    }
+    matmul_forward(a->ymix, la.ao, PP(T_AO, l), nullptr, (int)N, d, d);
+}
+
+// its backward: g.dh_x holds dL/dh (floatX); leaves ln1's gradient in g.dln (fp32) and accumulates the layer's
+// parameter gradients. a->ln holds ln2 on entry (ln1 is made again here, as the mixer's path does).
+static void attn_layer_backward(Model* m, Acts* a, int l) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    int B = a->B, T = a->T, d = c->d_model, Ha = c->attn_heads, Hkv = c->attn_kv_heads, D = pdn_attn_head_dim(c);
+    int KVD = pdn_attn_kv_dim(c);
+    long N = (long)B * T;
+    LayerActs& la = a->L[l];
+    GradBufs& g = a->gb;
+    const floatX* x = a->resid + (long)l * N * d;
+    { PROF("bwd.attn");
+    matmul_backward(g.dao_x, DINP_SETX, GG(T_AO, l), g.dh_x, la.ao, PP(T_AO, l), (int)N, d, d);
+    if (attention_backward(g.daq_x, g.dak_x, g.daq, g.dak, g.dav_x, g.adi, g.dao_x, la.aq, la.ak, la.av, la.ao, la.alse,
+                           B, T, Ha, Hkv, D, c->attn_window)) {
+        rope_launch(g.daq_x, g.daq_x, N, T, Ha, D, 0, c->rope_theta, -1.0f);   // cuDNN's floatX gradients, in place
+        rope_launch(g.dak_x, g.dak_x, N, T, Hkv, D, 0, c->rope_theta, -1.0f);
+    } else {
+        rope_launch(g.daq_x, g.daq, N, T, Ha, D, 0, c->rope_theta, -1.0f);
+        rope_launch(g.dak_x, g.dak, N, T, Hkv, D, 0, c->rope_theta, -1.0f);
+    } }
+    PROF("bwd.attn.in_proj+norm");
+    rmsnorm_apply(a->ln, x, la.ln1_rstd, PP(T_ATTN_NORM, l), N, d);
+    matmul_backward(g.dln, DINP_SET, GG(T_AQ, l), g.daq_x, a->ln, PP(T_AQ, l), (int)N, d, d);
+    matmul_backward(g.dln, DINP_ADD, GG(T_AK, l), g.dak_x, a->ln, PP(T_AK, l), (int)N, d, KVD);
+    matmul_backward(g.dln, DINP_ADD, GG(T_AV, l), g.dav_x, a->ln, PP(T_AV, l), (int)N, d, KVD);
+}
+
 // Forward over a->tokens (B, T) into a->logits. rs: null for training, else the recurrent state, read and advanced.
 // One layer from its ln1 (in a->ln) to the MLP's activation (a->ma) and, unless for_backward (the backward's
 // recompute needs no W_down output), the MLP's output a->ymlp. Writes the layer's LayerActs.
@@ -4552,6 +5227,9 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     LayerActs& la = a->L[l];
     const floatX* x = a->resid + (long)l * N * d;
     long lb = (long)l * (rs ? rs->B : 0);
+    if (pdn_is_attn(c, l)) {
+        attn_layer_forward(m, a, l, rs);
+    } else {
     { PROF("fwd.matmul.qkv");
     matmul_forward(la.qp, a->ln, PP(T_WQ, l), nullptr, (int)N, d, HK);
     matmul_forward(la.kp, a->ln, PP(T_WK, l), nullptr, (int)N, d, HK);
@@ -4612,9 +5290,10 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     }
     onorm_gate_forward(c->out_gate ? nullptr : la.og, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr,
                        B, T, H, V, Vp, Tp, eps);
-    matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d);
-    rmsnorm_forward(la.h, a->ln, la.ln2_rstd, x, a->ymix, PP(T_MLP_NORM, l), N, d, eps); }
+    matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d); }
+    }
     PROF("fwd.mlp");
+    rmsnorm_forward(la.h, a->ln, la.ln2_rstd, x, a->ymix, PP(T_MLP_NORM, l), N, d, eps);
     matmul_forward(la.mg, a->ln, PP(T_WGATE, l), nullptr, (int)N, d, I);
     matmul_forward(la.mu, a->ln, PP(T_WUP, l), nullptr, (int)N, d, I);
     swiglu_forward(a->ma, la.mg, la.mu, N * I);
@@ -4643,6 +5322,7 @@ static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
     }
     PROF("fwd.classifier.matmul");
     matmul_forward(a->logits, a->lnf, PP(c->tie_embeddings ? T_WTE : T_LM_HEAD, 0), nullptr, (int)N, d, c->vocab_size);
+    if (rs) { rs->pos += a->T; }
 }
 
 // Backward: a->logits holds dlogits (classifier_kernel with dscale). host_tokens: the batch on the host, for the
@@ -4697,6 +5377,9 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.dln, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d,
                          g.dresid, g.dh_x);
         }
+        if (pdn_is_attn(c, l)) {
+            attn_layer_backward(m, a, l);
+        } else {
         // mixer: h = x + W_o og
         { PROF("bwd.o+onorm+gate");
         matmul_backward(g.dog, DINP_SET, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
@@ -4752,6 +5435,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
             matmul_backward(nullptr, 0, GG(ip.id[i], l), g.din_x + ip.off[i], a->ln, nullptr, (int)N, d, ip.rows[i], ldi);
         }
         matmul_lt(g.dln, true, g.din_x, false, g.win_x, false, (int)N, d, ldi, 1.0f, 0.0f, nullptr);
+        }
         // dresid = dh + the norm's backward: the gradient of this layer's input (and its floatX copy for the next)
         rmsnorm_backward(g.dresid, GG(T_ATTN_NORM, l), g.dln, nullptr, x, nullptr, PP(T_ATTN_NORM, l), la.ln1_rstd, N, d,
                          g.dh, g.dresid_x);
@@ -4954,10 +5638,10 @@ static void tr_grads(Trainer* tr, float* out) {
 // generation: the recurrent state lives on the GPU
 struct GenState { Model* m; RecState rs; Acts ap, a1; };
 
-static GenState* tr_gen_open(Trainer* tr, int P) {
+static GenState* tr_gen_open(Trainer* tr, int P, int total) {
     GenState* g = new GenState();
     g->m = &tr->m;
-    g->rs = recstate_alloc(&tr->m.cfg, 1);
+    g->rs = recstate_alloc(&tr->m.cfg, 1, total);
     g->ap = acts_alloc(g->m, 1, P, 0, 0);
     g->a1 = acts_alloc(g->m, 1, 1, 0, 0);
     return g;
@@ -4994,11 +5678,14 @@ static double peak_bf16_flops(const cudaDeviceProp* p) {
 }
 
 // model FLOPs per training token: 6 per matmul parameter (the tied classifier counts through wte) plus the
-// chunkwise mixer's products, forward 2C(3K+2V) + 6KV per head and layer, times 3 for forward + backward
-static double flops_per_token(const PdnConfig* c, const PdnLayout* lay, int C) {
-    double K = c->head_k, V = pdn_head_v(c);
-    double mixer = 3.0 * c->n_layer * c->n_head * (2.0 * C * (3 * K + 2 * V) + 6 * K * V);
-    return 6.0 * (double)lay->num_params + mixer;
+// chunkwise mixer's products, forward 2C(3K+2V) + 6KV per head and mixer layer, and attention's q kᵀ and P v, forward
+// 4 D per key a query sees (on average (T+1)/2, or the window), per head and attention layer; times 3 for fwd + bwd
+static double flops_per_token(const PdnConfig* c, const PdnLayout* lay, int C, int T) {
+    double K = c->head_k, V = pdn_head_v(c), keys = (T + 1) / 2.0;
+    if (c->attn_window && c->attn_window < keys) { keys = c->attn_window; }
+    double mixer = 3.0 * lay->n_mix * c->n_head * (2.0 * C * (3 * K + 2 * V) + 6 * K * V);
+    double attn = 3.0 * lay->n_attn * c->attn_heads * 4.0 * pdn_attn_head_dim(c) * keys;
+    return 6.0 * (double)lay->num_params + mixer + attn;
 }
 
 // the device, cuBLAS handles and workspace, kernel attributes: what runs before the first kernel (trainer and lab)
@@ -5049,6 +5736,10 @@ int main(int argc, char** argv) {
     DataSource ds;
     Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds, rank, world);
     if (tc.count_params) { print_param_table(&mc); return 0; }
+    if (layerset_count(&mc.attn_layers) && pdn_attn_head_dim(&mc) > ATTN_MAX_D) {
+        fail(EXIT_USAGE, "the GPU trainer's attention needs a head dim (--d-model / --attn-heads) of at most %d (got %d)",
+             ATTN_MAX_D, pdn_attn_head_dim(&mc));
+    }
     if (mc.precond == PRECOND_EXACT && mixer_pad(mc.head_k) > 128) { fail(EXIT_USAGE, "the exact preconditioner on the GPU needs --head-dim <= 128"); }
     if (mc.conv_size > CONV_CS_MAX) { fail(EXIT_USAGE, "--conv-size must be <= %d on the GPU", CONV_CS_MAX); }
     if (mc.head_k > 256 || pdn_head_v(&mc) > 256) {
@@ -5108,7 +5799,11 @@ int main(int argc, char** argv) {
     }
 
     tr.acts = acts_alloc(m, tc.B, tc.T, 1, tc.recompute);
+#ifdef USE_CUDNN
+    sdpa_setup(&mc, tc.B, tc.T); // cuDNN's attention plan for the training shape, if it builds here
+#endif
     mixer_plan_print(tr.acts.cs, mc.head_k, pdn_head_v(&mc));
+    attention_plan_print(&mc);
     printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB (%d x %.1f MiB kept per layer%s, %.1f MiB "
            "shared)%s\n",
            (m->lay.num_elems * (sizeof(floatX) + 4.0) + m->n_opt * 12.0 +
@@ -5130,7 +5825,7 @@ int main(int argc, char** argv) {
         if (tok) { tokenizer_free(tok); }
         return 0;
     }
-    run.flops_per_token = flops_per_token(&mc, &m->lay, tc.chunk);
+    run.flops_per_token = flops_per_token(&mc, &m->lay, tc.chunk, tc.T);
     run.peak_flops = peak > 0 ? peak * world : -1.0;
     int rc = run_train(&tr, &run);
     prof_report(run.timed);
@@ -5146,6 +5841,9 @@ int main(int argc, char** argv) {
                dist.exposed_ms / run.timed, dist.ag_ms / run.timed);
     }
     dist_finish();
+#ifdef USE_CUDNN
+    sdpa_release();
+#endif
     acts_free(&tr.acts);
     model_free(m);
     data_free(&ds);

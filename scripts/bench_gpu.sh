@@ -3,6 +3,7 @@
 # (cudaMemGetInfo after the run: everything the process holds) for
 #   - every variant at its 340m preset, micro-batch 16 x 2048 tokens (one micro-batch per optimizer step);
 #   - pgdn-340m at 4 x 8192 and 1 x 32768 tokens (long sequences, small batches);
+#   - pgdn-340m-hybrid (issue 19: attention at layers 5, 11, 17, 23, 8 heads of 128) at 16 x 2048 and 4 x 8192;
 #   - gdn, pgdn, kda, pkda at their 1b presets, 8 x 2048 (kda/pkda-1b: head size 120), and pgdn-1b at 16 x 2048 with
 #     --recompute 1 (each layer's forward run again in the backward);
 # then where the time goes for pgdn-340m (PDN_PROFILE=1) and the mixer kernels alone from the kernel lab
@@ -31,7 +32,9 @@ for v in dn pdn gdn pgdn kda pkda; do
     row "$v-340m 16x2048" ./train_pdncu --preset $v-340m -b 16 -t 2048 -d 32768
     if [ -n "${OLD:-}" ]; then row "  (OLD build)" "$OLD/train_pdncu" --preset $v-340m -b 16 -t 2048 -d 32768; fi
 done
+row "pgdn-340m-hybrid 16x2048" ./train_pdncu --preset pgdn-340m-hybrid -b 16 -t 2048 -d 32768
 if [ -z "${QUICK:-}" ]; then
+    row "pgdn-340m-hybrid 4x8192" ./train_pdncu --preset pgdn-340m-hybrid -b 4 -t 8192 -d 32768
     row "pgdn-340m 4x8192" ./train_pdncu --preset pgdn-340m -b 4 -t 8192 -d 32768
     row "pgdn-340m 1x32768" ./train_pdncu --preset pgdn-340m -b 1 -t 32768 -d 32768
     for v in gdn pgdn kda pkda; do

@@ -10,6 +10,8 @@ Reverse (fla -> pdn.c), for the five fla classes: a model created by fla (AutoMo
 drawn here so that every path matters), save_pretrained, every config field equal to the class default removed
 (pdn.c must apply fla's defaults), reloaded by fla, imported by --import-hf, -e trains from it, and
 `train_pdncu_fp32 --debug-state` on it is compared with fla's logits in the same way.
+--variants pgdn-attn (opt-in; fla's Attention needs flash-attn): the same for a hybrid whose layer 1 is attention, which
+checks the export's rotary embedding and grouped-query layout against fla's.
 The tokenizer files: AutoTokenizer loads the export and encodes a document exactly as pdn.c's tokenizer does.
 
 Tolerances (logits; ref = pdn.c fp32, whose own rounding is ~1e-6 relative):
@@ -40,8 +42,12 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 # kda-gate: kda with --out-gate 0, exported with fla's output gate held open (g_proj = 0, bias 100)
 VARIANTS = ["dn", "pdn", "gdn", "pgdn", "kda", "pkda", "kda-gate"]
+# opt-in (--variants pgdn-attn): a hybrid (issue 19) whose layer 1 is fla's Attention (2 heads of 32 on 1 kv head, the
+# rotary embedding); fla's Attention needs the flash-attn package, which is why it is not in the default list
+EXTRA = {"pgdn-attn": ["--attn-layers", "1", "--attn-kv-heads", "1"]}
 MODEL_TYPE = {"dn": "delta_net", "pdn": "precond_gated_deltanet", "gdn": "gated_deltanet",
-              "pgdn": "precond_gated_deltanet", "kda": "kda", "pkda": "precond_kda", "kda-gate": "kda"}
+              "pgdn": "precond_gated_deltanet", "kda": "kda", "pkda": "precond_kda", "kda-gate": "kda",
+              "pgdn-attn": "precond_gated_deltanet"}
 # the reverse direction: one model per fla class, shapes and ties varied (d 64, 2 heads, 2 layers)
 REVERSE = [
     ("delta_net", dict(expand_k=1.0, expand_v=1.0, use_gate=False, tie_word_embeddings=True)),
@@ -246,8 +252,8 @@ def main():
     variants = [v for v in args.variants.split(",") if v]
     reverse = [r for r in REVERSE if r[0] in args.reverse.split(",")]
     dtypes = [d for d in args.dtypes.split(",") if d]
-    if any(v not in VARIANTS for v in variants) or any(d not in CRIT for d in dtypes):
-        sys.exit(f"error: --variants takes {','.join(VARIANTS)} and --dtypes fp32,bf16")
+    if any(v not in VARIANTS and v not in EXTRA for v in variants) or any(d not in CRIT for d in dtypes):
+        sys.exit(f"error: --variants takes {','.join(VARIANTS + list(EXTRA))} and --dtypes fp32,bf16")
     train = "./train_pdn" if args.cpu else "./train_pdncu"
     train32 = "./train_pdn" if args.cpu else "./train_pdncu_fp32"
     for b in (train, train32, "./dev/data/train_bpe", "./dev/data/prepare_shards"):
@@ -287,6 +293,7 @@ def main():
         for d in [f"run_{v}"] + [f"hf_{v}_{dt}" for dt in CRIT]:
             shutil.rmtree(f"{out}/{d}", ignore_errors=True)
         preset = ["--preset", f"{v.split('-')[0]}-tiny"] + (["--out-gate", "0"] if v.endswith("-gate") else [])
+        preset += EXTRA.get(v, [])
         run([train, *preset, *text, "-b", "8", "-t", str(T), "-x", str(args.steps), "-l", "3e-3",
              "-u", "20", "-v", "0", "-o", f"{out}/run_{v}"], f"training {v}")
         ckpt = f"{out}/run_{v}/model_{args.steps:08d}.bin"

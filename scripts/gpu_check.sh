@@ -3,7 +3,9 @@
 # (logits, loss, every parameter gradient) from the CPU reference, the FP32 CUDA build and the BF16 CUDA build,
 # compared with `test_pdn --compare` (fp32: 1e-4 of each tensor's scale; bf16: 5e-2 relative L2); --recompute 1
 # against the normal run (bit for bit); then 10 training steps on each, whose loss sequences are printed side by
-# side; checkpoints and resume. Prints a table last.
+# side; checkpoints and resume. Hybrids (issue 19): pgdn+attn (attention at layer 1: tiny with 1 kv head and a
+# 40-token window, the 340m layer with 8 heads of 128) and kda+attn-gqa (attention at layer 0, 16 heads of 64 on 4 kv
+# heads at 340m) in the same rows, and greedy generation through the KV cache. Prints a table last.
 # Usage: scripts/gpu_check.sh [OUTDIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,11 +21,18 @@ declare -A shape=(
 declare -A size_preset=([tiny]=tiny [340m-layer]=340m [340m-chunk32]=340m [1b-layer]=1b)
 rows=()
 for size in tiny 340m-layer 340m-chunk32 1b-layer; do
-    for v in dn pdn gdn pgdn kda pkda pgdn+exact; do
+    for v in dn pdn gdn pgdn kda pkda pgdn+exact pgdn+attn kda+attn-gqa; do
         [ "$size" = 1b-layer ] && [ "$v" != gdn ] && [ "$v" != kda ] && [ "$v" != pkda ] && continue
-        preset="${v%+exact}-${size_preset[$size]}"
+        preset="${v%%+*}-${size_preset[$size]}"
         extra=""; [ "$v" = "pgdn+exact" ] && extra="--precond exact"
         [ "$v" = "pgdn+exact" ] && [ "$size" != tiny ] && continue
+        if [ "$v" = "pgdn+attn" ]; then
+            extra="--attn-layers 1"; [ "$size" = tiny ] && extra="--attn-layers 1 --attn-kv-heads 1 --attn-window 40"
+        fi
+        if [ "$v" = "kda+attn-gqa" ]; then
+            [ "$size" = tiny ] && continue
+            extra="--attn-layers 0 --attn-heads 16 --attn-kv-heads 4"
+        fi
         f="$out/$v.$size"
         for bin in train_pdn train_pdncu_fp32 train_pdncu; do
             ./$bin --preset $preset $extra ${shape[$size]} --debug-state "$f.$bin.bin" > /dev/null 2>&1 || echo "FAILED: $bin $v $size"
@@ -80,10 +89,11 @@ resume_rows+=("$(printf "%-18s GPU checkpoint continued on the CPU: steps 7-12 v
 # gradients must be the normal run's bit for bit (every variant, both builds, the 340m-layer shape; the files hold no
 # flag, so they compare byte for byte)
 recompute_rows=()
-for v in dn pdn gdn pgdn kda pkda; do
+for v in dn pdn gdn pgdn kda pkda pgdn+attn; do
     f="$out/$v.340m-layer"
+    extra=""; [ "$v" = "pgdn+attn" ] && extra="--attn-layers 1"
     for bin in train_pdncu_fp32 train_pdncu; do
-        ./$bin --preset $v-340m ${shape[340m-layer]} --recompute 1 --debug-state "$f.$bin.recompute.bin" > /dev/null 2>&1 || echo "FAILED: $bin $v --recompute 1"
+        ./$bin --preset ${v%%+*}-340m $extra ${shape[340m-layer]} --recompute 1 --debug-state "$f.$bin.recompute.bin" > /dev/null 2>&1 || echo "FAILED: $bin $v --recompute 1"
         same=$(cmp -s "$f.$bin.bin" "$f.$bin.recompute.bin" && echo "bit-exact" || echo "DIFFERENT")
         recompute_rows+=("$(printf "%-6s %-18s --recompute 1 vs 0, logits and gradients: %s" "$v" "$bin" "$same")")
     done
@@ -137,6 +147,18 @@ for bin in train_pdncu train_pdncu_fp32; do
                   "$bin" "$rc" "$n" "$rc2" "$same")")
 done
 
+# generation with the KV cache (hybrid) from a checkpoint trained on the CPU, 40 tokens sampled with one seed: the fp32
+# GPU build must draw the CPU's tokens (only a draw within fp32 rounding of a boundary could differ); bf16 may differ
+gen_rows=()
+./train_pdn --preset pgdn-tiny --attn-layers 1 --attn-window 16 -b 4 -t 32 --mqar-pairs 4 -x 30 -v 0 -m 1 -o "$out/gen" > /dev/null 2>&1 || echo "FAILED: hybrid training for generation"
+gck=$(ls "$out/gen"/model_*.bin | tail -1)
+for bin in train_pdn train_pdncu_fp32 train_pdncu; do
+    ./$bin -e "$gck" --generate 40 --prompt "1 2 3 4 5" --seed 7 > "$out/gen.$bin.txt" 2>/dev/null || echo "FAILED: $bin generation"
+done
+g32=$(cmp -s "$out/gen.train_pdn.txt" "$out/gen.train_pdncu_fp32.txt" && echo same || echo DIFFERENT)
+g16=$(cmp -s "$out/gen.train_pdn.txt" "$out/gen.train_pdncu.txt" && echo same || echo different)
+gen_rows+=("$(printf "hybrid (window 16, outgrown), 40 sampled tokens: fp32 GPU vs CPU %s; bf16 GPU vs CPU %s" "$g32" "$g16")")
+
 echo "10 training steps, pgdn-tiny (loss per step: CPU / GPU fp32 / GPU bf16):"
 paste <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdn/main.log") <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu_fp32/main.log") \
       <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu/main.log")
@@ -146,5 +168,7 @@ echo "recompute (activation checkpointing per layer):"
 printf '%s\n' "${recompute_rows[@]}"
 echo "debug-state comparison against the CPU reference:"
 printf '%s\n' "${rows[@]}"
+echo "generation (KV cache):"
+printf '%s\n' "${gen_rows[@]}"
 echo "a run's robustness (signals, non-finite steps):"
 printf '%s\n' "${robust_rows[@]}"

@@ -34,6 +34,8 @@ runs=(
     "classifier_fp32 --no-bench"
     "conv_norm"
     "conv_norm_fp32 --no-bench"
+    "attention"
+    "attention_fp32 --no-bench"
 )
 rows=()
 status=0
