@@ -37,7 +37,7 @@ HEADERS = utils.h pdn.h mqar.h train_common.h eval.h dist.h hf.h $(DATA_HEADERS)
 
 # the Python-free data path: tokenizer, token shards, data loader (header-only) and the dev/data tools
 DATA_HEADERS = tokenizer.h unicode_tables.h shard.h dataloader.h
-DATA_TOOLS = dev/data/prepare_shards dev/data/inspect_shard dev/data/train_bpe dev/data/bench_tokenizer
+DATA_TOOLS = dev/data/prepare_shards dev/data/inspect_shard dev/data/train_bpe dev/data/bench_tokenizer dev/data/make_mc
 
 # CUDA: the GPU trainer builds where nvcc exists (it needs no GPU to compile): train_pdncu in bf16 mixed precision,
 # train_pdncu_fp32 all in fp32 (the build that must match the CPU reference). GPU_ARCH: sm_90 (Hopper).
