@@ -33,11 +33,11 @@ else
 endif
 $(info $(OMP_MSG))
 
-HEADERS = utils.h pdn.h mqar.h train_common.h dist.h hf.h $(DATA_HEADERS)
+HEADERS = utils.h pdn.h mqar.h train_common.h eval.h dist.h hf.h $(DATA_HEADERS)
 
 # the Python-free data path: tokenizer, token shards, data loader (header-only) and the dev/data tools
 DATA_HEADERS = tokenizer.h unicode_tables.h shard.h dataloader.h
-DATA_TOOLS = dev/data/prepare_shards dev/data/inspect_shard dev/data/train_bpe dev/data/bench_tokenizer
+DATA_TOOLS = dev/data/prepare_shards dev/data/inspect_shard dev/data/train_bpe dev/data/bench_tokenizer dev/data/make_mc
 
 # CUDA: the GPU trainer builds where nvcc exists (it needs no GPU to compile): train_pdncu in bf16 mixed precision,
 # train_pdncu_fp32 all in fp32 (the build that must match the CPU reference). GPU_ARCH: sm_90 (Hopper).
@@ -141,10 +141,10 @@ train_pdn: train_pdn.c $(HEADERS) $(CPU_STAMP)
 
 # the CPU tests in fp32, and the gradient checks in fp64 (the same code, real = double)
 # (the tests include train_pdn.c without its main, hence -Wno-unused-function)
-test_pdn: test_pdn.c test_hf.h test_mqar.h train_pdn.c $(HEADERS) $(CPU_STAMP)
+test_pdn: test_pdn.c test_hf.h test_mqar.h test_eval.h train_pdn.c $(HEADERS) $(CPU_STAMP)
 	$(CC) $(CFLAGS) -Wno-unused-function $< $(LDLIBS) -o $@
 
-test_pdn64: test_pdn.c test_hf.h test_mqar.h train_pdn.c $(HEADERS) $(CPU_STAMP)
+test_pdn64: test_pdn.c test_hf.h test_mqar.h test_eval.h train_pdn.c $(HEADERS) $(CPU_STAMP)
 	$(CC) $(CFLAGS) -Wno-unused-function -DPDN_DOUBLE $< $(LDLIBS) -o $@
 
 test: train_pdn test_pdn test_pdn64 $(DATA_TOOLS)

@@ -3100,6 +3100,7 @@ static void run_robustness_tests(void) {
 }
 
 #include "test_mqar.h"
+#include "test_eval.h"
 
 static void run_float_tests(void) {
     printf("chunkwise vs per-token mixer (fp32):\n");
@@ -3134,6 +3135,7 @@ static void run_float_tests(void) {
     run_data_tests();
     run_text_tests();
     run_hf_tests();
+    run_eval_tests();
 }
 #endif
 

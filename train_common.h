@@ -64,6 +64,15 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
     X(I, top_k,         NULL, "--top-k",        "0",    "sample from the k most likely tokens (0: all)") \
     X(I, threads,       NULL, "--threads",      "0",    "OpenMP threads (0: all cores)") \
     X(S, debug_state,   NULL, "--debug-state",  "",     "write one step's inputs, logits, loss and grads to FILE and exit") \
+    X(S, eval,          NULL, "--eval",         "",     "with -e: evaluate and exit: sniah1 | sniah2 | sniah3 (RULER S-NIAH) | mc (multiple choice) | ppl") \
+    X(S, eval_len,      NULL, "--eval-len",     "1024,2048,4096,8192", "--eval sniah: lengths (prompt + --eval-gen); ppl: window lengths") \
+    X(S, eval_depths,   NULL, "--eval-depths",  "0,25,50,75,100", "--eval sniah: needle depths, percent of the haystack") \
+    X(I, eval_samples,  NULL, "--eval-samples", "10",   "--eval sniah: samples per (length, depth), drawn from --seed") \
+    X(I, eval_gen,      NULL, "--eval-gen",     "128",  "--eval sniah: tokens generated at most (RULER: 128)") \
+    X(S, haystack,      NULL, "--haystack",     "",     "--eval sniah2/sniah3: a natural text FILE for the haystack") \
+    X(S, eval_file,     NULL, "--eval-file",    "",     "--eval mc: the eval FILE in llm.c's format (dev/data/hellaswag.py)") \
+    X(I, eval_tokens,   NULL, "--eval-tokens",  "16384", "--eval mc / ppl: tokens per forward pass (rows x length)") \
+    X(L, eval_windows,  NULL, "--eval-windows", "0",    "--eval ppl: windows per length (0: every window of -j)") \
     X(S, export_hf,     NULL, "--export-hf",    "",     "with -e: write the checkpoint as an fla / Hugging Face directory DIR and exit") \
     X(S, export_dtype,  NULL, "--export-dtype", "fp32", "--export-hf tensor type: fp32 | bf16 (round to nearest even)") \
     X(S, import_hf,     NULL, "--import-hf",    "",     "read an fla / Hugging Face directory DIR, write -o OUTDIR/model_00000000.bin, exit") \
@@ -216,6 +225,8 @@ static void parse_args(int argc, char** argv, PdnConfig* mc, TrainConfig* tc) {
 
 // Check the training settings that do not depend on the model; derive grad_accum and the mixer form.
 // nproc: number of data-parallel processes (1 on the CPU).
+static void eval_config_check(const TrainConfig* tc); // eval.h: the --eval flags
+
 static void train_config_check(TrainConfig* tc, int nproc) {
     if (tc->B < 1) { fail(EXIT_USAGE, "-b (micro-batch) must be >= 1, got %d", tc->B); }
     if (tc->T < 1) { fail(EXIT_USAGE, "-t (sequence length) must be >= 1, got %d", tc->T); }
@@ -258,7 +269,7 @@ static void train_config_check(TrainConfig* tc, int nproc) {
         fail(EXIT_USAGE, "-v, -m, -n, -g, -s, --generate, --keep-last and --skip-nonfinite must be >= 0 (-m -1: the whole "
              "validation split)");
     }
-    if (tc->val[0] && !tc->train[0]) {
+    if (tc->val[0] && !tc->train[0] && !tc->eval[0]) {
         fail(EXIT_USAGE, "-j (validation shards) needs -i (training shards): without -i the task is MQAR");
     }
     if (tc->sample_every && (!tc->train[0] || !tc->tokenizer[0])) {
@@ -281,6 +292,7 @@ static void train_config_check(TrainConfig* tc, int nproc) {
     if (tc->resume && !tc->out_dir[0]) { fail(EXIT_USAGE, "-y 1 (resume) needs -o DIR, the directory holding the checkpoints"); }
     if (tc->resume && tc->init_ckpt[0]) { fail(EXIT_USAGE, "use either -y 1 (resume from -o) or -e FILE (init), not both"); }
     if (tc->generate && !tc->init_ckpt[0]) { fail(EXIT_USAGE, "--generate needs -e CHECKPOINT"); }
+    eval_config_check(tc);
     if (!(tc->temperature >= 0) || tc->top_k < 0) { fail(EXIT_USAGE, "need --temperature >= 0 and --top-k >= 0"); }
     if (strcmp(tc->export_dtype, "fp32") != 0 && strcmp(tc->export_dtype, "bf16") != 0) {
         fail(EXIT_USAGE, "--export-dtype must be fp32 or bf16, got '%s'", tc->export_dtype);
@@ -317,6 +329,7 @@ static int train_field_shown(const TrainConfig* tc, const TrainField* f) {
     static const char* const procs[] = {"world_size", "rank", "local_rank"}; // a line after the box says it
     int text = tc->train[0] != 0;
     if (strncmp(f->name, "dist_", 5) == 0 || strstr(f->name, "_hf") || strcmp(f->name, "export_dtype") == 0) { return 0; }
+    if (strncmp(f->name, "eval", 4) == 0 || strcmp(f->name, "haystack") == 0) { return 0; } // --eval prints no box
     for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
         if (strcmp(f->name, procs[i]) == 0) { return 0; }
     }
@@ -1187,7 +1200,7 @@ static Tokenizer* run_setup(TrainConfig* tc, PdnConfig* mc, real** loaded, uint3
     if (load_model_source(tc, mc, loaded, crc, resume_state, n) && !tc->preset_given) { strcpy(tc->preset, "the checkpoint's"); }
     Tokenizer* tok = load_tokenizer_flag(tc, tok_mem);
     memset(ds, 0, sizeof(*ds));
-    if (!tc->generate) { data_init(ds, tc, tok ? tok->vocab_size : 0, &mc->vocab_size, rank, world); }
+    if (!tc->generate && !tc->eval[0]) { data_init(ds, tc, tok ? tok->vocab_size : 0, &mc->vocab_size, rank, world); }
     const char* err = pdn_config_check(mc);
     if (err) { fail(EXIT_USAGE, "%s", err); }
     return tok;
@@ -1254,6 +1267,9 @@ static void tr_grads(Trainer* tr, float* out);
 static GenState* tr_gen_open(Trainer* tr, int P, int total);
 static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row);
 static void tr_gen_close(GenState* g);
+// evaluation: one forward pass over B rows of T tokens, each from a zero state (no gradients); lp[n] = log p(y[n])
+// under the model's softmax at position n (0 where y[n] < 0). The trainer keeps the activations of the last shape.
+static void tr_logprobs(Trainer* tr, int B, int T, const int* x, const int* y, float* lp);
 // a multi-GPU job's watchdog: the phase that starts now may take up to --dist-timeout (nothing on the CPU)
 static void tr_watch(Trainer* tr, const char* phase);
 
@@ -1667,5 +1683,7 @@ static int hf_command(const TrainConfig* tc) {
     }
     return 0;
 }
+
+#include "eval.h"
 
 #endif // PDN_TRAIN_COMMON_H

@@ -24,6 +24,9 @@ seed gives bit-identical losses whatever the number of threads.
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 #include "pdn.h"
 #include "mqar.h"
 #include "train_common.h"
@@ -1663,6 +1666,8 @@ struct Trainer {
     Acts acts;                  // (B, T) with gradients: training, evaluation, --debug-state
     const TrainConfig* tc;
     double t0;                  // the step's start
+    Acts eval;                  // (eval_B, eval_T) without gradients: tr_logprobs (--eval)
+    int eval_B, eval_T;
 };
 
 static void tr_step_begin(Trainer* tr) {
@@ -1741,11 +1746,40 @@ static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row) {
 
 static void tr_gen_close(GenState* g) { acts_free(&g->ap); acts_free(&g->a1); recstate_free(&g->rs); free(g); }
 
+static void tr_logprobs(Trainer* tr, int B, int T, const int* x, const int* y, float* lp) {
+    const Model* m = &tr->m;
+    if (tr->eval_B != B || tr->eval_T != T) {
+        if (tr->eval_B) { acts_free(&tr->eval); }
+        tr->eval = acts_alloc(m, B, T, 0);
+        tr->eval_B = B; tr->eval_T = T;
+    }
+    Acts* a = &tr->eval;
+    int Vv = m->cfg.vocab_size;
+    size_t N = (size_t)B * T;
+    pdn_forward(m, a, x, NULL);
+    // log-softmax at the target, in double: logit - max - log(sum of exp(logit - max))
+    #pragma omp parallel for
+    for (size_t n = 0; n < N; n++) {
+        if (y[n] < 0 || y[n] >= Vv) { lp[n] = 0.0f; continue; }
+        const real* lg = a->logits + n * Vv;
+        double mx = lg[0], s = 0.0;
+        for (int i = 1; i < Vv; i++) { mx = lg[i] > mx ? lg[i] : mx; }
+        for (int i = 0; i < Vv; i++) { s += exp((double)lg[i] - mx); }
+        lp[n] = (float)((double)lg[y[n]] - mx - log(s));
+    }
+}
+
 static void tr_watch(Trainer* tr, const char* phase) { (void)tr; (void)phase; }
 
 #ifndef TESTING
 int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0); // a line at a time even into a pipe (| tee): each step shows as it ends
+#if defined(__SSE__) && !defined(PDN_DOUBLE)
+    // subnormals flushed to zero (FTZ + DAZ; OpenMP's threads inherit it): state directions that decay without being
+    // written reach the subnormal range after a few thousand tokens, and each operation on one costs ~100x (decoding
+    // after an S-NIAH prompt ran at a few tokens/s); values below 1.2e-38 change nothing a loss can see
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+#endif
     PdnConfig mc;
     TrainConfig tc;
     parse_args(argc, argv, &mc, &tc);
@@ -1788,6 +1822,13 @@ int main(int argc, char** argv) {
     Run run;
     run_init(&run, &tc, &mc, &m->lay, &ds, tok, 0, 1, precision);
 
+    if (tc.eval[0]) {
+        run_eval(&tr, &run);
+        if (tr.eval_B) { acts_free(&tr.eval); }
+        model_free(m);
+        if (tok) { tokenizer_free(tok); }
+        return 0;
+    }
     if (tc.generate) {
         run_generate(&tr, &run);
         model_free(m);

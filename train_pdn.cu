@@ -5551,6 +5551,8 @@ struct Trainer {
     float* norm_scratch;       // (NORM_BLOCKS + 1)
     int* nonfinite;            // (1) set by the update when a parameter or moment is no longer finite
     cudaEvent_t ev0, ev1;      // the step's start and end on main_stream
+    Acts eval;                 // (eval_B, eval_T) without gradients: tr_logprobs (--eval)
+    int eval_B = 0, eval_T = 0;
 };
 
 static void tr_step_begin(Trainer* tr) {
@@ -5658,6 +5660,27 @@ static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row) {
 
 static void tr_gen_close(GenState* g) { acts_free(&g->ap); acts_free(&g->a1); g->rs.arena.release(); delete g; }
 
+// the fused classifier's losses (fp32 from the floatX logits) at the targets, negated
+static void tr_logprobs(Trainer* tr, int B, int T, const int* x, const int* y, float* lp) {
+    Model* m = &tr->m;
+    if (tr->eval_B != B || tr->eval_T != T) {
+        if (tr->eval_B) { acts_free(&tr->eval); }
+        tr->eval = acts_alloc(m, B, T, 0, 0);
+        tr->eval_B = B; tr->eval_T = T;
+    }
+    Acts* a = &tr->eval;
+    long N = (long)B * T;
+    int Vv = m->cfg.vocab_size;
+    check_tokens(x, N, Vv);
+    std::vector<int> yy(y, y + N);
+    for (long n = 0; n < N; n++) { if (yy[(size_t)n] >= Vv) { yy[(size_t)n] = -1; } }
+    upload_batch(a, x, yy.data());
+    pdn_forward(m, a, nullptr);
+    classifier_launch(a->logits, a->losses, nullptr, a->targets, N, Vv, 0.0f);
+    cudaCheck(cudaMemcpy(lp, a->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
+    for (long n = 0; n < N; n++) { lp[n] = yy[(size_t)n] >= 0 ? -lp[n] : 0.0f; }
+}
+
 static void tr_watch(Trainer* tr, const char* phase) { (void)tr; if (dist.on) { watch(phase, dist.timeout); } }
 
 // Peak dense bf16 tensor FLOP/s for MFU. Known cards by name (vendor figures); otherwise SMs x clock x the
@@ -5719,8 +5742,8 @@ int main(int argc, char** argv) {
     int world = dist.env.world, rank = dist.env.rank;
     train_config_check(&tc, world);
     if (hf_command(&tc)) { return 0; }
-    if (world > 1 && (tc.generate || tc.debug_state[0])) {
-        fail(EXIT_USAGE, "--generate and --debug-state run in one process (this is rank %d of %d)", rank, world);
+    if (world > 1 && (tc.generate || tc.debug_state[0] || tc.eval[0])) {
+        fail(EXIT_USAGE, "--generate, --eval and --debug-state run in one process (this is rank %d of %d)", rank, world);
     }
     if (!tc.chunk_form) { fail(EXIT_USAGE, "the CUDA trainer runs the chunkwise mixer only (--mixer chunk); the per-token form is the CPU reference's"); }
     if (tc.chunk > GPU_CHUNK_MAX || tc.chunk % 16) {
@@ -5781,6 +5804,12 @@ int main(int argc, char** argv) {
     model_upload(m, dist.on ? &dist.zp : nullptr, host.data(), hm.empty() ? nullptr : hm.data(),
                  hv.empty() ? nullptr : hv.data(), run.start_step);
 
+    if (tc.eval[0]) {
+        run_eval(&tr, &run);
+        if (tr.eval_B) { acts_free(&tr.eval); }
+        if (tok) { tokenizer_free(tok); }
+        return 0;
+    }
     if (tc.generate) {
         run_generate(&tr, &run);
         if (tok) { tokenizer_free(tok); }
