@@ -291,7 +291,7 @@ static int sniah_score(const uint8_t* text, size_t n, const char* value) {
 // stop_id (when >= 0); lp[i] = log p(out[i]) from the carried state. Returns the number generated.
 static int sniah_generate(Trainer* tr, int vocab, const int* prompt, int P, int max_new, int stop_id, int* out, float* lp,
                           double* t_prefill, double* t_decode) {
-    GenState* g = tr_gen_open(tr, P);
+    GenState* g = tr_gen_open(tr, P, P + max_new);
     float* row = (float*)mallocCheck((size_t)vocab * sizeof(float));
     double t0 = wall_seconds();
     tr_gen_feed(g, prompt, P, row);
