@@ -3099,6 +3099,46 @@ static void run_robustness_tests(void) {
     test_logs();
 }
 
+// The classifier on the rows with a target only (acts_target_rows) against every row: the same loss and gradients.
+// The two paths differ in the head's matmuls only, by dropping rows whose gradient is exactly zero, which regroups
+// fp32 sums: rounding (~1e-7) allowed 1e-5 relative; a row put in the wrong place is off by O(1). The logits that
+// --debug-state writes are every row's.
+static void test_classifier_rows(const char* name, PdnConfig c) {
+    Model m;
+    model_init(&m, &c, 4, 1);
+    randomize_params(&m);
+    int B = 2, T = 37;
+    size_t N = (size_t)B * T, n = m.lay.num_elems;
+    int x[74], y[74];
+    for (size_t i = 0; i < N; i++) {
+        x[i] = (int)rng_below(&trng, c.vocab_size);
+        y[i] = i % 5 == 3 ? (int)rng_below(&trng, c.vocab_size) : -1; // a fifth of the rows, as in MQAR
+    }
+    Acts a = acts_alloc(&m, B, T, 1);
+    float* dump = mallocCheck(N * c.vocab_size * sizeof(float));
+    memset(m.grads, 0, n * sizeof(real));
+    double lr = pdn_forward_backward(&m, &a, x, y, 1, dump);
+    real* g_rows = mallocCheck(n * sizeof(real));
+    memcpy(g_rows, m.grads, n * sizeof(real));
+    CHECK(a.M == N, "%s: the classifier is back on every row after the step (M = %zu)", name, a.M);
+    // every row, written out: forward, softmax cross-entropy over all N rows, backward
+    memset(m.grads, 0, n * sizeof(real));
+    pdn_forward(&m, &a, x, NULL);
+    double de = 0;
+    for (size_t i = 0; i < N * c.vocab_size; i++) { de = fmax(de, fabs(dump[i] - (float)a.logits[i])); }
+    long count;
+    double lf = crossentropy_forward(a.logits, a.losses, y, N, c.vocab_size, &count) / count;
+    crossentropy_backward(a.logits, y, N, c.vocab_size, R(1.0 / count));
+    pdn_backward(&m, &a, x);
+    double eg = rel_err(g_rows, m.grads, n), el = fabs(lr - lf) / fabs(lf);
+    CHECK(el < 1e-6, "%s: loss on the target rows %.9g vs every row %.9g", name, lr, lf);
+    CHECK(eg < 1e-5, "%s: gradients on the target rows vs every row rel err %.2e", name, eg);
+    CHECK(de == 0, "%s: the dumped logits differ from a full forward's by %.2e", name, de);
+    printf("  %-10s %ld of %zu rows with a target: loss and gradients = every row's (rel err %.1e, %.1e)\n", name,
+           count, N, el, eg);
+    free(dump); free(g_rows); acts_free(&a); model_free(&m);
+}
+
 #include "test_mqar.h"
 #include "test_eval.h"
 
@@ -3112,6 +3152,9 @@ static void run_float_tests(void) {
     // hybrids: the attention layers' KV cache (full causal, and a window of 5 that the 23 tokens outgrow)
     recurrent_matches_full("pgdn+attn", hybrid_config("pgdn", 2, (const int[]){1, -1}, 2, 2, 0, 10000.0f));
     recurrent_matches_full("gdn+attn-gqa-w5", hybrid_config("gdn", 3, (const int[]){0, 2, -1}, 2, 1, 5, 500.0f));
+    printf("the classifier on the rows with a target:\n");
+    test_classifier_rows("pgdn", small_config("pgdn", 0, 1));
+    test_classifier_rows("kda+attn", hybrid_config("kda", 2, (const int[]){1, -1}, 2, 2, 0, 10000.0f));
     printf("MQAR:\n");
     test_mqar_generator();
     run_dist_tests();

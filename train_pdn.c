@@ -1266,7 +1266,12 @@ typedef struct {
     real* mem;
     real* resid;                  // (L+1, N, d): resid[0] = embeddings, resid[l+1] = output of layer l
     real *lnf, *lnf_rstd;         // (N, d), (N)
-    real *logits, *losses;        // (N, vocab) (probabilities after the loss, dlogits after its backward), (N)
+    real *logits, *losses;        // (M, vocab) (probabilities after the loss, dlogits after its backward), (M)
+    // the classifier's rows: M = N is every row; else only rows[0..M), the positions with a target (MQAR's answers:
+    // the classifier is most of a small model's work, and rows without a target give it no gradient)
+    size_t M;
+    int *rows, *row_y;            // (N) the rows' positions and targets (acts_target_rows)
+    real *lnf_rows, *dlnf_rows;   // (N, d) those rows of lnf and their gradient
     // backward scratch (allocated with grads = 1): one layer's worth, reused by every layer
     real* gmem;
     size_t gsize;                 // elements of gmem before dresid: one layer's gradients, either kind
@@ -1294,25 +1299,57 @@ static Acts acts_alloc(const Model* m, int B, int T, int grads) {
     a.B = B; a.T = T;
     size_t N = (size_t)B * T, d = c->d_model;
     a.layer_size = layer_acts_size(c, B, T, m->C, 1);
-    size_t total = (size_t)(c->n_layer + 1) * N * d + (size_t)c->n_layer * a.layer_size + N * d + N + N * c->vocab_size + N;
+    size_t total = (size_t)(c->n_layer + 1) * N * d + (size_t)c->n_layer * a.layer_size + 2 * N * d + N + N * c->vocab_size + N;
     a.mem = (real*)mallocCheck(total * sizeof(real));
     a.resid = a.mem;
     real* p = a.mem + (size_t)(c->n_layer + 1) * N * d + (size_t)c->n_layer * a.layer_size;
     a.lnf = p; p += N * d;
     a.lnf_rstd = p; p += N;
     a.logits = p; p += N * c->vocab_size;
-    a.losses = p;
+    a.losses = p; p += N;
+    a.lnf_rows = p;
+    a.M = N;
+    a.rows = (int*)mallocCheck(2 * N * sizeof(int));
+    a.row_y = a.rows + N;
     if (grads) {
         size_t gs = layer_acts_size(c, B, T, m->C, 0);
-        a.gmem = (real*)mallocCheck((gs + 2 * N * d) * sizeof(real));
+        a.gmem = (real*)mallocCheck((gs + 3 * N * d) * sizeof(real));
         a.gsize = gs;
         a.dresid = a.gmem + gs;
         a.dlnf = a.dresid + N * d;
+        a.dlnf_rows = a.dlnf + N * d;
     }
     return a;
 }
 
-static void acts_free(Acts* a) { free(a->mem); free(a->gmem); }
+static void acts_free(Acts* a) { free(a->mem); free(a->gmem); free(a->rows); }
+
+// The classifier's rows for targets y (N): the positions with a target when some have none (and at least one has
+// one), else every row. Returns the targets of those rows; acts_all_rows goes back to every row.
+static const int* acts_target_rows(Acts* a, const int* y) {
+    size_t N = (size_t)a->B * a->T, M = 0;
+    for (size_t n = 0; n < N; n++) {
+        if (y[n] >= 0) { a->rows[M] = (int)n; a->row_y[M] = y[n]; M++; }
+    }
+    a->M = M > 0 && M < N ? M : N;
+    return a->M < N ? a->row_y : y;
+}
+static void acts_all_rows(Acts* a) { a->M = (size_t)a->B * a->T; }
+
+// logits (M, vocab) = lnf's classifier rows (all N with all_rows) times the head
+static void logits_forward(const Model* m, Acts* a, int all_rows) {
+    const PdnConfig* c = &m->cfg;
+    size_t N = (size_t)a->B * a->T, M = all_rows ? N : a->M;
+    int d = c->d_model;
+    const real* head = PDN_PARAM(m->params, &m->lay, c->tie_embeddings ? T_WTE : T_LM_HEAD, 0);
+    const real* x = a->lnf;
+    if (M < N) {
+        #pragma omp parallel for
+        for (size_t i = 0; i < M; i++) { memcpy(a->lnf_rows + i * d, a->lnf + (size_t)a->rows[i] * d, d * sizeof(real)); }
+        x = a->lnf_rows;
+    }
+    matmul_forward(a->logits, x, head, NULL, (int)M, d, c->vocab_size);
+}
 
 // Recurrent state for inference (section 4): what a layer needs to continue a sequence
 typedef struct {
@@ -1391,8 +1428,9 @@ static void attn_layer_backward(Model* m, const LayerActs* la, LayerActs* dl, in
     matmul_backward(dl->ln1, PDN_PARAM(m->grads, lay, T_AV, l), NULL, dl->av, la->ln1, PDN_PARAM(p, lay, T_AV, l), N, d, KVD);
 }
 
-// Forward pass over tokens (B, T) into a->logits. rs: NULL for training (zero initial state), else the
-// recurrent state, read at the start and advanced past these T tokens.
+// Forward pass over tokens (B, T) into a->logits (the classifier's rows: every row unless acts_target_rows chose
+// some). rs: NULL for training (zero initial state), else the recurrent state, read at the start and advanced past
+// these T tokens.
 static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs) {
     const PdnConfig* c = &m->cfg;
     const PdnLayout* lay = &m->lay;
@@ -1476,8 +1514,7 @@ static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs
 #undef W
     }
     rmsnorm_forward(a->lnf, a->lnf_rstd, a->resid + (size_t)c->n_layer * N * d, PDN_PARAM(p, lay, T_FINAL_NORM, 0), N, d, eps);
-    const real* head = PDN_PARAM(p, lay, c->tie_embeddings ? T_WTE : T_LM_HEAD, 0);
-    matmul_forward(a->logits, a->lnf, head, NULL, N, d, c->vocab_size);
+    logits_forward(m, a, 0);
     if (rs) { rs->pos += T; }
 }
 
@@ -1493,8 +1530,15 @@ static void pdn_backward(Model* m, Acts* a, const int* tokens) {
     int head = c->tie_embeddings ? T_WTE : T_LM_HEAD;
     memset(a->dlnf, 0, N * d * sizeof(real));
     memset(a->dresid, 0, N * d * sizeof(real));
-    matmul_backward(a->dlnf, PDN_PARAM(m->grads, lay, head, 0), NULL, a->logits, a->lnf, PDN_PARAM(p, lay, head, 0),
-                    N, d, c->vocab_size);
+    if (a->M < N) { // the classifier's rows only (acts_target_rows); the other rows' gradient stays 0
+        memset(a->dlnf_rows, 0, a->M * d * sizeof(real));
+        matmul_backward(a->dlnf_rows, PDN_PARAM(m->grads, lay, head, 0), NULL, a->logits, a->lnf_rows,
+                        PDN_PARAM(p, lay, head, 0), (int)a->M, d, c->vocab_size);
+        for (size_t i = 0; i < a->M; i++) { memcpy(a->dlnf + (size_t)a->rows[i] * d, a->dlnf_rows + i * d, d * sizeof(real)); }
+    } else {
+        matmul_backward(a->dlnf, PDN_PARAM(m->grads, lay, head, 0), NULL, a->logits, a->lnf, PDN_PARAM(p, lay, head, 0),
+                        N, d, c->vocab_size);
+    }
     rmsnorm_backward(a->dresid, PDN_PARAM(m->grads, lay, T_FINAL_NORM, 0), a->dlnf, a->resid + (size_t)c->n_layer * N * d,
                      PDN_PARAM(p, lay, T_FINAL_NORM, 0), a->lnf_rstd, N, d);
     for (int l = c->n_layer - 1; l >= 0; l--) {
@@ -1565,15 +1609,21 @@ static void pdn_backward(Model* m, Acts* a, const int* tokens) {
 
 // One micro-batch: forward, loss, backward (gradients accumulate). Returns the mean loss over the positions
 // with a target; dloss_scale = 1 / (targets in the micro-batch * grad_accum) makes accumulated gradients the
-// mean over the whole step. logits: if not NULL, gets the (N, vocab) logits before the softmax.
+// mean over the whole step. logits: if not NULL, gets the (N, vocab) logits before the softmax (every row).
 static double pdn_forward_backward(Model* m, Acts* a, const int* x, const int* y, int grad_accum, float* logits) {
     size_t N = (size_t)a->B * a->T;
+    const int* yr = acts_target_rows(a, y);
     pdn_forward(m, a, x, NULL);
-    for (size_t i = 0; logits && i < N * m->cfg.vocab_size; i++) { logits[i] = (float)a->logits[i]; }
+    if (logits) {
+        logits_forward(m, a, 1);
+        for (size_t i = 0; i < N * m->cfg.vocab_size; i++) { logits[i] = (float)a->logits[i]; }
+        logits_forward(m, a, 0);
+    }
     long count;
-    double sum = crossentropy_forward(a->logits, a->losses, y, N, m->cfg.vocab_size, &count);
-    crossentropy_backward(a->logits, y, N, m->cfg.vocab_size, count ? R(1.0 / ((double)count * grad_accum)) : R(0));
+    double sum = crossentropy_forward(a->logits, a->losses, yr, a->M, m->cfg.vocab_size, &count);
+    crossentropy_backward(a->logits, yr, a->M, m->cfg.vocab_size, count ? R(1.0 / ((double)count * grad_accum)) : R(0));
     pdn_backward(m, a, x);
+    acts_all_rows(a);
     return count ? sum / count : 0.0;
 }
 
@@ -1699,17 +1749,19 @@ static double tr_eval_batch(Trainer* tr, const int* x, const int* y, long* count
     const Model* m = &tr->m;
     Acts* a = &tr->acts;
     int Vv = m->cfg.vocab_size;
-    size_t N = (size_t)a->B * a->T;
+    const int* yr = acts_target_rows(a, y);
     pdn_forward(m, a, x, NULL);
     *hits = 0;
-    for (size_t n = 0; n < N; n++) {
-        if (y[n] < 0) { continue; }
+    for (size_t n = 0; n < a->M; n++) {
+        if (yr[n] < 0) { continue; }
         const real* lg = a->logits + n * Vv;
         int best = 0;
         for (int i = 1; i < Vv; i++) { if (lg[i] > lg[best]) { best = i; } }
-        *hits += best == y[n];
+        *hits += best == yr[n];
     }
-    return crossentropy_forward(a->logits, a->losses, y, N, Vv, count);
+    double sum = crossentropy_forward(a->logits, a->losses, yr, a->M, Vv, count);
+    acts_all_rows(a);
+    return sum;
 }
 
 static void tr_sum(Trainer* tr, double* v, int n) { (void)tr; (void)v; (void)n; }

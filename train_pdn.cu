@@ -344,6 +344,28 @@ static void encoder_forward(floatX* out, const int* tokens, const floatX* wte, i
     cudaCheck(cudaGetLastError());
 }
 
+// The classifier's rows (acts_target_rows): out (M, d) = rows rows[0..M) of inp (N, d)
+__global__ void gather_rows_kernel(floatX* out, const floatX* inp, const int* rows, long M, int d) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= M * d) { return; }
+    out[i] = inp[(long)rows[i / d] * d + i % d];
+}
+static void gather_rows(floatX* out, const floatX* inp, const int* rows, long M, int d) {
+    gather_rows_kernel<<<cdiv(M * d, 256), 256, 0, main_stream>>>(out, inp, rows, M, d);
+    cudaCheck(cudaGetLastError());
+}
+// and back: out (N, d) row n = row slot[n] of inp (M, d), zero where slot[n] < 0 (no target)
+__global__ void scatter_rows_kernel(float* out, const float* inp, const int* slot, long N, int d) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= N * d) { return; }
+    int r = slot[i / d];
+    out[i] = r >= 0 ? inp[(long)r * d + i % d] : 0.0f;
+}
+static void scatter_rows(float* out, const float* inp, const int* slot, long N, int d) {
+    scatter_rows_kernel<<<cdiv(N * d, 256), 256, 0, main_stream>>>(out, inp, slot, N, d);
+    cudaCheck(cudaGetLastError());
+}
+
 // Deterministic embedding backward: the host groups positions by token (bucket_start/bucket_pos, positions in
 // increasing order); each thread sums one channel of one token over its positions in that fixed order.
 __global__ void encoder_backward_kernel(float* dwte, const float* dout, const int* bucket_tok, const int* bucket_start,
@@ -4641,8 +4663,15 @@ struct Acts {
     int recompute;                // the backward runs each layer's forward again (one LayerActs for all layers)
     int nstore; size_t layer_bytes; // layers with their own LayerActs, and the bytes of one
     floatX* lnf; float* lnf_rstd;
-    floatX* logits; float* losses; int* argmax;
+    floatX* logits; float* losses; int* argmax; // (M, vocab), (M), (M)
     floatX *ymix, *ymlp;          // (N, d) W_o and W_down outputs
+    // the classifier's rows: M = N is every row; else rows[0..M) only, the positions with a target (MQAR's answers:
+    // the classifier is most of a small model's work, and rows without a target give it no gradient)
+    long M;
+    int *rows, *slot, *row_y;     // (N) device: the rows' positions, each position's row (or -1), the rows' targets
+    std::vector<int> rows_h, slot_h, row_y_h; // their host copies (acts_target_rows)
+    floatX* lnf_rows;             // (M, d) those rows of lnf: aliases ymix, which is free from the last layer's
+                                  // residual add until the classifier's backward is done
     int *tokens, *targets;        // (N) device copies of the batch
     MixerScratch sc;
     int with_grads;
@@ -4743,6 +4772,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     ar.add(&a.logits, N * c->vocab_size); ar.add(&a.losses, N); ar.add(&a.argmax, N);
     ar.add(&a.ymix, N * d); ar.add(&a.ymlp, N * d);
     ar.add(&a.tokens, N); ar.add(&a.targets, N);
+    ar.add(&a.rows, N); ar.add(&a.slot, N); ar.add(&a.row_y, N);
     mixer_scratch_add(ar, &a.sc, a.cs, with_grads, diag, mixer_plan(a.cs));
     GradBufs& g = a.gb;
     memset(&g, 0, sizeof(g));
@@ -4769,6 +4799,8 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         }
     }
     ar.alloc();
+    a.M = N;
+    a.lnf_rows = a.ymix;
     for (int l = 0; l < L; l++) {
         if (l >= nstore) { a.L[l] = a.L[0]; }
         if (!(diag || exact)) { a.L[l].kt = a.L[l].kn; }
@@ -5300,6 +5332,39 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     if (!for_backward) { matmul_forward(a->ymlp, a->ma, PP(T_WDOWN, l), nullptr, (int)N, I, d); }
 }
 
+// The classifier's rows for host targets y (N): the positions with a target when some have none (and at least one
+// has one), else every row; uploaded to the device. Returns the rows' targets (host); acts_all_rows goes back.
+static const int* acts_target_rows(Acts* a, const int* y) {
+    long N = (long)a->B * a->T, M = 0;
+    a->rows_h.resize((size_t)N); a->slot_h.resize((size_t)N); a->row_y_h.resize((size_t)N);
+    for (long n = 0; n < N; n++) {
+        a->slot_h[(size_t)n] = y[n] >= 0 ? (int)M : -1;
+        if (y[n] >= 0) { a->rows_h[(size_t)M] = (int)n; a->row_y_h[(size_t)M] = y[n]; M++; }
+    }
+    a->M = M > 0 && M < N ? M : N;
+    if (a->M == N) { return y; }
+    // the host vectors live in Acts, so the copies may still be in flight when this returns
+    cudaCheck(cudaMemcpyAsync(a->rows, a->rows_h.data(), M * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaMemcpyAsync(a->slot, a->slot_h.data(), N * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaMemcpyAsync(a->row_y, a->row_y_h.data(), M * sizeof(int), cudaMemcpyHostToDevice, main_stream));
+    return a->row_y_h.data();
+}
+static void acts_all_rows(Acts* a) { a->M = (long)a->B * a->T; }
+
+// logits (M, vocab) = lnf's classifier rows (all N with all_rows) times the head
+static void logits_forward(const Model* m, Acts* a, bool all_rows) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    long N = (long)a->B * a->T, M = all_rows ? N : a->M;
+    int d = c->d_model;
+    const floatX* x = a->lnf;
+    if (M < N) {
+        gather_rows(a->lnf_rows, a->lnf, a->rows, M, d);
+        x = a->lnf_rows;
+    }
+    matmul_forward(a->logits, x, PP(c->tie_embeddings ? T_WTE : T_LM_HEAD, 0), nullptr, (int)M, d, c->vocab_size);
+}
+
 static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
     const PdnConfig* c = &m->cfg;
     const PdnLayout* lay = &m->lay;
@@ -5321,7 +5386,7 @@ static void pdn_forward(const Model* m, Acts* a, RecState* rs) {
         }
     }
     PROF("fwd.classifier.matmul");
-    matmul_forward(a->logits, a->lnf, PP(c->tie_embeddings ? T_WTE : T_LM_HEAD, 0), nullptr, (int)N, d, c->vocab_size);
+    logits_forward(m, a, false);
     if (rs) { rs->pos += a->T; }
 }
 
@@ -5346,7 +5411,12 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
     };
     { PROF("bwd.classifier+final_norm");
     cudaCheck(cudaMemsetAsync(g.dresid, 0, N * d * sizeof(float), main_stream));
-    matmul_backward(g.dln, DINP_SET, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
+    if (a->M < N) { // the classifier's rows only (acts_target_rows): their gradient in g.dh (free here), then in place
+        matmul_backward(g.dh, DINP_SET, GG(head, 0), a->logits, a->lnf_rows, PP(head, 0), (int)a->M, d, c->vocab_size);
+        scatter_rows(g.dln, g.dh, a->slot, N, d);
+    } else {
+        matmul_backward(g.dln, DINP_SET, GG(head, 0), a->logits, a->lnf, PP(head, 0), (int)N, d, c->vocab_size);
+    }
     rmsnorm_backward(g.dresid, GG(T_FINAL_NORM, 0), g.dln, nullptr, a->resid + (long)L * N * d, nullptr,
                      PP(T_FINAL_NORM, 0), a->lnf_rstd, N, d, nullptr, g.dresid_x); }
     dist_grads_ready(m, 0); // several GPUs: the classifier's and the final norm's gradients are final
@@ -5466,11 +5536,12 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
 // ----------------------------------------------------------------------------------------------------
 // 5. training
 
-// classifier over a->logits with host targets y: losses (and dlogits in place when dscale != 0);
-// returns the sum of losses over positions with a target, *count those positions; argmax_host optional
+// classifier over a->logits' M rows with their host targets y (acts_target_rows): losses (and dlogits in place when
+// dscale != 0); returns the sum of losses over rows with a target, *count those rows; argmax_host (M) optional
 static double classifier(Acts* a, int Vv, const int* y, float dscale, long* count, int* argmax_host) {
-    long N = (long)a->B * a->T;
-    classifier_launch(a->logits, a->losses, argmax_host ? a->argmax : nullptr, a->targets, N, Vv, dscale);
+    long N = a->M;
+    classifier_launch(a->logits, a->losses, argmax_host ? a->argmax : nullptr, a->M < (long)a->B * a->T ? a->row_y : a->targets,
+                      N, Vv, dscale);
     std::vector<float> losses((size_t)N);
     cudaCheck(cudaMemcpy(losses.data(), a->losses, N * sizeof(float), cudaMemcpyDeviceToHost));
     if (argmax_host) { cudaCheck(cudaMemcpy(argmax_host, a->argmax, N * sizeof(int), cudaMemcpyDeviceToHost)); }
@@ -5502,22 +5573,26 @@ static std::vector<float> to_host_float(const floatX* d, long n) {
 }
 
 // one micro-batch: forward, loss, backward; returns the mean loss over positions with a target. logits: if not NULL,
-// gets the (N, vocab) logits before the softmax (--debug-state)
+// gets the (N, vocab) logits before the softmax (--debug-state; every row)
 static double forward_backward(Model* m, Acts* a, const int* x, const int* y, int grad_accum, float* logits) {
     long N = (long)a->B * a->T, count = 0;
     check_tokens(x, N, m->cfg.vocab_size);
     for (long n = 0; n < N; n++) { count += y[n] >= 0; }
     upload_batch(a, x, y);
+    const int* yr = acts_target_rows(a, y);
     pdn_forward(m, a, nullptr);
     if (logits) {
+        logits_forward(m, a, true);
         std::vector<float> lg = to_host_float(a->logits, N * m->cfg.vocab_size);
         memcpy(logits, lg.data(), lg.size() * sizeof(float));
+        logits_forward(m, a, false);
     }
     double sum;
     { PROF("classifier.softmax+loss");
-    sum = classifier(a, m->cfg.vocab_size, y, count ? (float)(1.0 / ((double)count * grad_accum)) : 0.0f, &count, nullptr); }
+    sum = classifier(a, m->cfg.vocab_size, yr, count ? (float)(1.0 / ((double)count * grad_accum)) : 0.0f, &count, nullptr); }
     if (count) { pdn_backward(m, a, x); }
     else { for (int b = 0; dist.reduce_now && b < dist.zp.n_buckets; b++) { dist_grads_ready(m, b); } } // zero gradients, same collectives
+    acts_all_rows(a);
     return count ? sum / count : 0.0;
 }
 
@@ -5608,10 +5683,12 @@ static double tr_eval_batch(Trainer* tr, const int* x, const int* y, long* count
     std::vector<int> am((size_t)N);
     check_tokens(x, N, m->cfg.vocab_size);
     upload_batch(a, x, y);
+    const int* yr = acts_target_rows(a, y);
     pdn_forward(m, a, nullptr);
-    double sum = classifier(a, m->cfg.vocab_size, y, 0.0f, count, am.data());
+    double sum = classifier(a, m->cfg.vocab_size, yr, 0.0f, count, am.data());
     *hits = 0;
-    for (long n = 0; n < N; n++) { if (y[n] >= 0) { *hits += am[(size_t)n] == y[n]; } }
+    for (long n = 0; n < a->M; n++) { if (yr[n] >= 0) { *hits += am[(size_t)n] == yr[n]; } }
+    acts_all_rows(a);
     return sum;
 }
 
