@@ -1335,6 +1335,8 @@ static const int* acts_target_rows(Acts* a, const int* y) {
     return a->M < N ? a->row_y : y;
 }
 static void acts_all_rows(Acts* a) { a->M = (size_t)a->B * a->T; }
+// generation reads the last row's logits only
+static void acts_last_row(Acts* a) { a->rows[0] = a->B * a->T - 1; a->M = 1; }
 
 // logits (M, vocab) = lnf's classifier rows (all N with all_rows) times the head
 static void logits_forward(const Model* m, Acts* a, int all_rows) {
@@ -1790,10 +1792,11 @@ static GenState* tr_gen_open(Trainer* tr, int P, int total) {
 
 static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row) {
     Acts* a = n == 1 ? &g->a1 : &g->ap;
+    acts_last_row(a);
     pdn_forward(g->m, a, tokens, &g->rs);
+    acts_all_rows(a);
     int Vv = g->m->cfg.vocab_size;
-    const real* logits = a->logits + (size_t)(n - 1) * Vv;
-    for (int v = 0; v < Vv; v++) { row[v] = (float)logits[v]; }
+    for (int v = 0; v < Vv; v++) { row[v] = (float)a->logits[v]; }
 }
 
 static void tr_gen_close(GenState* g) { acts_free(&g->ap); acts_free(&g->a1); recstate_free(&g->rs); free(g); }

@@ -3937,10 +3937,21 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
 
 #define ATTN_MAX_D 256   // head dims up to this (8 elements a lane)
 
-// the angle of fla's RotaryEmbedding as train_pdn.c's rope_angle makes it (fp32), its cosine and sine in double
-__device__ __forceinline__ void rope_cs(int pos, int i, int D, float theta, float* cs, float* sn) {
-    float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
-    float ang = (float)pos * inv_freq;
+// The angle of fla's RotaryEmbedding as train_pdn.c's rope_angle makes it (fp32), its cosine and sine in double. The
+// frequencies 1 / theta^(2i/D) are made on the host with the CPU reference's expression (CUDA's powf may differ from
+// glibc's by a few ulp, and the angle's error grows with the position), so the angle is one fp32 product on both.
+__constant__ float rope_inv_freq[ATTN_MAX_D / 2];
+static void rope_freqs(int D, float theta) {
+    static int D0 = 0;
+    static float theta0 = 0.0f;
+    if (D == D0 && theta == theta0) { return; }
+    float f[ATTN_MAX_D / 2];
+    for (int i = 0; i < D / 2; i++) { f[i] = 1.0f / powf(theta, (float)(2 * i) / (float)D); }
+    cudaCheck(cudaMemcpyToSymbol(rope_inv_freq, f, (D / 2) * sizeof(float)));
+    D0 = D; theta0 = theta;
+}
+__device__ __forceinline__ void rope_cs(int pos, int i, float* cs, float* sn) {
+    float ang = (float)pos * rope_inv_freq[i];
     double s, c;
     sincos((double)ang, &s, &c);
     *cs = (float)c; *sn = (float)s;
@@ -3949,14 +3960,14 @@ __device__ __forceinline__ void rope_cs(int pos, int i, int D, float theta, floa
 // out (N, nh, D) = rotate(inp) by the angles times dir (-1: the transpose, for the backward); a thread per pair (i, i +
 // D/2) of a row; out may be inp
 template <typename Tin, typename Tout>
-__global__ void rope_kernel(Tout* out, const Tin* inp, long N, int T, int nh, int D, int pos0, float theta, float dir) {
+__global__ void rope_kernel(Tout* out, const Tin* inp, long N, int T, int nh, int D, int pos0, float dir) {
     int half = D / 2;
     long idx = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * nh * half) { return; }
     int i = (int)(idx % half);
     long r = idx / half, n = r / nh;
     float cs, sn;
-    rope_cs(pos0 + (int)(n % T), i, D, theta, &cs, &sn);
+    rope_cs(pos0 + (int)(n % T), i, &cs, &sn);
     sn *= dir;
     long base = r * D;
     float x1 = tof(inp[base + i]), x2 = tof(inp[base + half + i]);
@@ -3967,7 +3978,8 @@ __global__ void rope_kernel(Tout* out, const Tin* inp, long N, int T, int nh, in
 template <typename Tin, typename Tout>
 static void rope_launch(Tout* out, const Tin* inp, long N, int T, int nh, int D, int pos0, float theta, float dir) {
     long n = N * nh * (D / 2);
-    rope_kernel<Tin, Tout><<<cdiv(n, 256), 256, 0, main_stream>>>(out, inp, N, T, nh, D, pos0, theta, dir);
+    rope_freqs(D, theta);
+    rope_kernel<Tin, Tout><<<cdiv(n, 256), 256, 0, main_stream>>>(out, inp, N, T, nh, D, pos0, dir);
     cudaCheck(cudaGetLastError());
 }
 
@@ -4125,7 +4137,7 @@ struct SdpaPlan {
 };
 static cudnnHandle_t sdpa_handle = nullptr;
 static SdpaPlan sdpa_fwd = {}, sdpa_bwd = {};
-static float *sdpa_softmax_sum = nullptr, *sdpa_dq_accum = nullptr;   // the backward graph's fp32 tensors in memory
+static float* sdpa_softmax_sum = nullptr;   // the backward graph's fp32 tensor in memory (B, H, T)
 
 // a graph under construction: every descriptor made, so that all are destroyed at the end; the first failure is kept
 struct SdpaBuild {
@@ -4223,7 +4235,7 @@ struct SdpaBuild {
         auto colw = tensor((*uid)++, CUDNN_DATA_FLOAT, dim, stride, true), mask2 = tensor((*uid)++, CUDNN_DATA_BOOLEAN, dim, stride, true);
         ops.push_back(pointwise(CUDNN_POINTWISE_GEN_INDEX, yc, nullptr, nullptr, row2, 2));
         ops.push_back(pointwise(CUDNN_POINTWISE_GEN_INDEX, yc, nullptr, nullptr, col2, 3));
-        ops.push_back(pointwise(CUDNN_POINTWISE_ADD, col2, window, nullptr, colw, 3));
+        ops.push_back(pointwise(CUDNN_POINTWISE_ADD, col2, window, nullptr, colw));
         ops.push_back(pointwise(CUDNN_POINTWISE_CMP_GT, colw, row2, nullptr, mask2, -1, CUDNN_DATA_BOOLEAN));
         ops.push_back(pointwise(CUDNN_POINTWISE_BINARY_SELECT, yc, neginf, mask2, y));
     }
@@ -4232,8 +4244,24 @@ struct SdpaBuild {
     ~SdpaBuild() { if (!keep) { for (auto d : made) { cudnnBackendDestroyDescriptor(d); } } }
 };
 
-// The operation graph of ops, cuDNN's heuristics (mode A) over it, and the first engine config whose plan finalizes,
-// into p. Returns 1, or 0 with p.why.
+// whether an engine config's engine says its results may differ from run to run (atomics)
+static bool engine_nondeterministic(cudnnBackendDescriptor_t cfg) {
+    cudnnBackendDescriptor_t eng;
+    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &eng) != CUDNN_STATUS_SUCCESS) { return false; }
+    int64_t n = 0;
+    cudnnBackendNumericalNote_t notes[CUDNN_NUMERICAL_NOTE_TYPE_COUNT];
+    bool nd = false;
+    if (cudnnBackendGetAttribute(cfg, CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &eng) == CUDNN_STATUS_SUCCESS &&
+        cudnnBackendGetAttribute(eng, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE, CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
+                                 &n, notes) == CUDNN_STATUS_SUCCESS) {
+        for (int64_t i = 0; i < n; i++) { nd = nd || notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC; }
+    }
+    cudnnBackendDestroyDescriptor(eng);
+    return nd;
+}
+
+// The operation graph of ops, cuDNN's heuristics (mode A) over it, and the first engine config whose plan finalizes
+// and whose engine is deterministic, into p. Returns 1, or 0 with p.why.
 static int sdpa_plan(SdpaBuild& g, cudnnBackendDescriptor_t* ops, int nops, SdpaPlan& p, int B, int T, int Hq, int Hkv,
                      int D, int W) {
     auto graph = g.make(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, "operation graph");
@@ -4253,7 +4281,9 @@ static int sdpa_plan(SdpaBuild& g, cudnnBackendDescriptor_t* ops, int nops, Sdpa
     if (g.fine()) { g.check(cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, want, &got, cfgs), "heuristics results"); }
     if (g.fine() && got == 0) { snprintf(p.why, sizeof p.why, "cuDNN's heuristics offer no engine for the graph"); return 0; }
     cudnnStatus_t last = CUDNN_STATUS_SUCCESS;
+    int skipped = 0;
     for (int64_t i = 0; g.fine() && i < got; i++) {
+        if (engine_nondeterministic(cfgs[i])) { skipped++; continue; } // runs must be bit-reproducible
         cudnnBackendDescriptor_t plan = nullptr;
         if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &plan) != CUDNN_STATUS_SUCCESS) { continue; }
         cudnnStatus_t s1 = cudnnBackendSetAttribute(plan, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &sdpa_handle);
@@ -4275,8 +4305,10 @@ static int sdpa_plan(SdpaBuild& g, cudnnBackendDescriptor_t* ops, int nops, Sdpa
         cudnnGetLastErrorString(msg, sizeof msg);
         snprintf(p.why, sizeof p.why, "%s failed: %s %s", g.where, cudnnGetErrorString(g.st), msg);
     } else {
-        snprintf(p.why, sizeof p.why, "none of the %lld engine configs finalized (last: %s)", (long long)got,
-                 cudnnGetErrorString(last));
+        char msg[160] = "";
+        cudnnGetLastErrorString(msg, sizeof msg);
+        snprintf(p.why, sizeof p.why, "none of the %lld engine configs finalized (%d skipped as nondeterministic; last: %s %s)",
+                 (long long)got, skipped, cudnnGetErrorString(last), msg);
     }
     return 0;
 }
@@ -4295,7 +4327,7 @@ static void sdpa_run(const SdpaPlan& p, const int64_t* uids, void* const* ptrs, 
 
 // the tensors' unique ids in the variant pack
 enum { SDPA_Q = 1, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_SCALE, SDPA_NEGINF, SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV,
-       SDPA_ONE, SDPA_SOFTMAX_SUM, SDPA_DQ_ACCUM, SDPA_WINDOW };
+       SDPA_ONE, SDPA_SOFTMAX_SUM, SDPA_WINDOW };
 
 // Build the forward graph and its plan for (B, T, Hq, Hkv, D), causal, in a window of W tokens if W > 0; q, o (B, T, Hq, D) and k, v (B, T, Hkv,
 // D) as the projections write them (cuDNN's BSHD strides), Stats (B, Hq, T, 1) fp32. Returns 1, or 0 with sdpa_fwd.why.
@@ -4316,7 +4348,8 @@ static int sdpa_build_forward(int B, int T, int Hq, int Hkv, int D, int W) {
     auto scale = g.tensor(SDPA_SCALE, fl, d1, s1, false, true), neginf = g.tensor(SDPA_NEGINF, fl, d1, s1, false, true);
     auto S1 = g.tensor(uid++, fl, ds, ss, true), S2 = g.tensor(uid++, fl, ds, ss, true), S3 = g.tensor(uid++, fl, ds, ss, true);
     auto M = g.tensor(uid++, fl, dr, sr, true), S4 = g.tensor(uid++, fl, ds, ss, true), E = g.tensor(uid++, fl, ds, ss, true);
-    auto Z = g.tensor(uid++, fl, dr, sr, true), logZ = g.tensor(uid++, fl, dr, sr, true), P = g.tensor(uid++, fl, ds, ss, true);
+    // P in bf16: the fused engines take the second matmul's A operand in the I/O type (the lab's tolerances allow it)
+    auto Z = g.tensor(uid++, fl, dr, sr, true), logZ = g.tensor(uid++, fl, dr, sr, true), P = g.tensor(uid++, bf, ds, ss, true);
     auto window = W ? g.tensor(SDPA_WINDOW, fl, d1, s1, false, true) : nullptr;
     std::vector<cudnnBackendDescriptor_t> ops = {g.matmul(Q, K, S1), g.pointwise(CUDNN_POINTWISE_MUL, S1, scale, nullptr, S2)};
     g.causal_mask(ops, S2, neginf, window, S3, ds, ss, &uid);
@@ -4335,15 +4368,16 @@ static int sdpa_build_forward(int B, int T, int Hq, int Hkv, int D, int W) {
 
 // Build the backward graph (the pattern of cuDNN's fused flash-attention backward; one key/value head per query head:
 // grouped-query attention runs the own kernels): softmax_sum = rowsum(dO ⊙ O); P = exp(mask(Q Kᵀ · scale) - Stats);
-// dV = Pᵀ dO; dS = P ⊙ (dO Vᵀ - softmax_sum) · scale; dK = dSᵀ Q; dQ = dS K (accumulated in fp32, then written).
-// K and V come in transposed views (D, T) as in the forward; softmax_sum and the fp32 dQ accumulator are tensors in
-// memory (sdpa_softmax_sum, sdpa_dq_accum, the latter zeroed before each run). Returns 1, or 0 with sdpa_bwd.why.
+// dV = Pᵀ dO; dS = P ⊙ (dO Vᵀ - softmax_sum) · scale; dK = dSᵀ Q; dQ = dS K, written directly: the other pattern (an
+// fp32 dQ accumulator, then its copy) runs engines that add into it atomically, in no fixed order, and the trainer's
+// runs are bit-reproducible; this one's engines keep dS in a workspace (B·H·T² bf16) instead. Engines that still say
+// they are nondeterministic are skipped (sdpa_plan). K and V come in transposed views (D, T) as in the forward;
+// softmax_sum is a tensor in memory (sdpa_softmax_sum). Returns 1, or 0 with sdpa_bwd.why.
 static int sdpa_build_backward(int B, int T, int H, int D, int W) {
     SdpaBuild g;
     int64_t b = B, s = T, h = H, d = D;
     int64_t dq[4] = {b, h, s, d}, sq[4] = {s * h * d, d, h * d, 1};          // Q, O, dO, dQ, dK, dV (BSHD)
     int64_t dkt[4] = {b, h, d, s}, skt[4] = {s * h * d, d, 1, h * d};       // Kᵀ, Vᵀ views
-    int64_t dacc[4] = {b, h, s, d}, sacc[4] = {h * s * d, s * d, d, 1};     // the fp32 dQ accumulator (BHSD)
     int64_t ds[4] = {b, h, s, s}, ss[4] = {h * s * s, s * s, s, 1};         // scores (virtual)
     int64_t dst[4] = {b, h, s, s}, sst[4] = {h * s * s, s * s, 1, s};       // their transposes (reshape)
     int64_t dr[4] = {b, h, s, 1}, sr[4] = {h * s, s, 1, 1};                  // per row
@@ -4357,7 +4391,7 @@ static int sdpa_build_backward(int B, int T, int H, int D, int W) {
     auto dV = g.tensor(SDPA_DV, bf, dq, sq, false);
     auto scale = g.tensor(SDPA_SCALE, fl, d1, s1, false, true), neginf = g.tensor(SDPA_NEGINF, fl, d1, s1, false, true);
     auto one = g.tensor(SDPA_ONE, fl, d1, s1, false, true);
-    auto ssum = g.tensor(SDPA_SOFTMAX_SUM, fl, dr, sr, false), dQacc = g.tensor(SDPA_DQ_ACCUM, fl, dacc, sacc, false);
+    auto ssum = g.tensor(SDPA_SOFTMAX_SUM, fl, dr, sr, false);
     auto dOO = g.tensor(uid++, fl, dq, sq, true), rsum = g.tensor(uid++, fl, dr, sr, true);
     auto S1 = g.tensor(uid++, fl, ds, ss, true), S2 = g.tensor(uid++, fl, ds, ss, true), S3 = g.tensor(uid++, fl, ds, ss, true);
     auto S4 = g.tensor(uid++, fl, ds, ss, true), P = g.tensor(uid++, fl, ds, ss, true);
@@ -4389,12 +4423,10 @@ static int sdpa_build_backward(int B, int T, int H, int D, int W) {
         g.matmul(dST, Q, dK),
         g.op(CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR, {{CUDNN_ATTR_OPERATION_RESHAPE_XDESC, K},
              {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, Kr}}, "reshape K"),
-        g.matmul(dS2, Kr, dQacc),
-        g.pointwise(CUDNN_POINTWISE_IDENTITY, dQacc, nullptr, nullptr, dQ),
+        g.matmul(dS2, Kr, dQ),
     });
     if (!sdpa_plan(g, ops.data(), (int)ops.size(), sdpa_bwd, B, T, H, H, D, W)) { return 0; }
     cudaCheck(cudaMalloc(&sdpa_softmax_sum, (size_t)B * H * T * sizeof(float)));
-    cudaCheck(cudaMalloc(&sdpa_dq_accum, (size_t)B * H * T * D * sizeof(float)));
     return 1;
 }
 
@@ -4407,8 +4439,7 @@ static void sdpa_release(void) {
         memset(p, 0, sizeof(*p));
     }
     if (sdpa_softmax_sum) { cudaCheck(cudaFree(sdpa_softmax_sum)); }
-    if (sdpa_dq_accum) { cudaCheck(cudaFree(sdpa_dq_accum)); }
-    sdpa_softmax_sum = sdpa_dq_accum = nullptr;
+    sdpa_softmax_sum = nullptr;
 }
 
 // the plans for a shape (B, T, Hq, Hkv, D) and window W (0: full causal), where the fused engines apply (head dim a
@@ -4417,8 +4448,14 @@ static void sdpa_release(void) {
 static void sdpa_build(int B, int T, int Hq, int Hkv, int D, int W) {
     sdpa_release();
     if (!sdpa_handle) {
-        cudnnCheck(cudnnCreate(&sdpa_handle));
-        cudnnCheck(cudnnSetStream(sdpa_handle, main_stream));
+        cudnnStatus_t st = cudnnCreate(&sdpa_handle);
+        if (st == CUDNN_STATUS_SUCCESS) { st = cudnnSetStream(sdpa_handle, main_stream); }
+        if (st != CUDNN_STATUS_SUCCESS) { // e.g. a cuDNN library that does not match the GPU: the own kernels run
+            if (sdpa_handle) { cudnnDestroy(sdpa_handle); sdpa_handle = nullptr; }
+            snprintf(sdpa_fwd.why, sizeof sdpa_fwd.why, "cudnnCreate / cudnnSetStream failed: %s", cudnnGetErrorString(st));
+            snprintf(sdpa_bwd.why, sizeof sdpa_bwd.why, "%s", sdpa_fwd.why);
+            return;
+        }
     }
     if (D % 8 || D > 128) {
         snprintf(sdpa_fwd.why, sizeof sdpa_fwd.why, "head dim %d: the fused engine here takes multiples of 8 up to 128", D);
@@ -4452,12 +4489,11 @@ static void sdpa_backward(floatX* dq, floatX* dk, floatX* dv, const floatX* dout
                           const floatX* v, const floatX* o, const float* stats, int D) {
     const SdpaPlan& p = sdpa_bwd;
     float scale = 1.0f / sqrtf((float)D), neginf = -INFINITY, one = 1.0f, window = (float)p.W;
-    cudaCheck(cudaMemsetAsync(sdpa_dq_accum, 0, (size_t)p.B * p.Hq * p.T * p.D * sizeof(float), main_stream));
-    int64_t uids[15] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_SCALE,
-                        SDPA_NEGINF, SDPA_ONE, SDPA_SOFTMAX_SUM, SDPA_DQ_ACCUM, SDPA_WINDOW};
-    void* ptrs[15] = {(void*)q, (void*)k, (void*)v, (void*)o, (void*)stats, (void*)dout, dq, dk, dv, &scale, &neginf, &one,
-                      sdpa_softmax_sum, sdpa_dq_accum, &window};
-    sdpa_run(p, uids, ptrs, p.W ? 15 : 14);
+    int64_t uids[14] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_SCALE,
+                        SDPA_NEGINF, SDPA_ONE, SDPA_SOFTMAX_SUM, SDPA_WINDOW};
+    void* ptrs[14] = {(void*)q, (void*)k, (void*)v, (void*)o, (void*)stats, (void*)dout, dq, dk, dv, &scale, &neginf, &one,
+                      sdpa_softmax_sum, &window};
+    sdpa_run(p, uids, ptrs, p.W ? 14 : 13);
 }
 #endif
 
@@ -5350,6 +5386,14 @@ static const int* acts_target_rows(Acts* a, const int* y) {
     return a->row_y_h.data();
 }
 static void acts_all_rows(Acts* a) { a->M = (long)a->B * a->T; }
+// generation reads the last row's logits only
+static void acts_last_row(Acts* a) {
+    long N = (long)a->B * a->T;
+    a->M = 1;
+    if (N == 1) { return; }
+    a->rows_h.assign(1, (int)(N - 1));
+    cudaCheck(cudaMemcpyAsync(a->rows, a->rows_h.data(), sizeof(int), cudaMemcpyHostToDevice, main_stream));
+}
 
 // logits (M, vocab) = lnf's classifier rows (all N with all_rows) times the head
 static void logits_forward(const Model* m, Acts* a, bool all_rows) {
@@ -5730,8 +5774,10 @@ static void tr_gen_feed(GenState* g, const int* tokens, int n, float* row) {
     Acts* a = n == 1 ? &g->a1 : &g->ap;
     int Vv = g->m->cfg.vocab_size;
     cudaCheck(cudaMemcpy(a->tokens, tokens, n * sizeof(int), cudaMemcpyHostToDevice));
+    acts_last_row(a);
     pdn_forward(g->m, a, &g->rs);
-    std::vector<float> last = to_host_float(a->logits + (long)(n - 1) * Vv, Vv);
+    acts_all_rows(a);
+    std::vector<float> last = to_host_float(a->logits, Vv);
     memcpy(row, last.data(), Vv * sizeof(float));
 }
 

@@ -167,6 +167,7 @@ static void validate_case(int vsel, const AttnShape& s, uint64_t seed) {
         if (!attn_prepare(s, ver)) { continue; }
         lab_poison(d.o, nq * sizeof(floatX)); lab_poison(d.lse, nr * sizeof(float));
         lab_poison(d.dq, nq * sizeof(float)); lab_poison(d.dk, nk * sizeof(float)); lab_poison(d.dv, nk * sizeof(floatX));
+        lab_poison(d.dqx, nq * sizeof(floatX)); lab_poison(d.dkx, nk * sizeof(floatX));
         if (!attn_forward(d, s, ver)) { continue; }
         int xq = attn_backward(d, s, ver);
         std::vector<float> go = lab_download_x(d.o, nq), gdv = lab_download_x(d.dv, nk), glse = lab_download(d.lse, nr);
