@@ -4138,6 +4138,9 @@ struct SdpaPlan {
 static cudnnHandle_t sdpa_handle = nullptr;
 static SdpaPlan sdpa_fwd = {}, sdpa_bwd = {};
 static float* sdpa_softmax_sum = nullptr;   // the backward graph's fp32 tensor in memory (B, H, T)
+// grouped-query attention's backward (Hq > Hkv): K, V repeated to every query head and dK, dV per query head, for the
+// one backward graph (B, T, Hq, D); each group's dK, dV are then summed in head order (kv_group_sum)
+static floatX *sdpa_kr = nullptr, *sdpa_vr = nullptr, *sdpa_dkr = nullptr, *sdpa_dvr = nullptr;
 
 // a graph under construction: every descriptor made, so that all are destroyed at the end; the first failure is kept
 struct SdpaBuild {
@@ -4366,14 +4369,14 @@ static int sdpa_build_forward(int B, int T, int Hq, int Hkv, int D, int W) {
     return sdpa_plan(g, ops.data(), (int)ops.size(), sdpa_fwd, B, T, Hq, Hkv, D, W);
 }
 
-// Build the backward graph (the pattern of cuDNN's fused flash-attention backward; one key/value head per query head:
-// grouped-query attention runs the own kernels): softmax_sum = rowsum(dO ⊙ O); P = exp(mask(Q Kᵀ · scale) - Stats);
+// Build the backward graph (the pattern of cuDNN's fused flash-attention backward) for H heads with one key/value head
+// each (grouped-query attention repeats K and V to H heads first: sdpa_backward): softmax_sum = rowsum(dO ⊙ O); P = exp(mask(Q Kᵀ · scale) - Stats);
 // dV = Pᵀ dO; dS = P ⊙ (dO Vᵀ - softmax_sum) · scale; dK = dSᵀ Q; dQ = dS K, written directly: the other pattern (an
 // fp32 dQ accumulator, then its copy) runs engines that add into it atomically, in no fixed order, and the trainer's
 // runs are bit-reproducible; this one's engines keep dS in a workspace (B·H·T² bf16) instead. Engines that still say
 // they are nondeterministic are skipped (sdpa_plan). K and V come in transposed views (D, T) as in the forward;
 // softmax_sum is a tensor in memory (sdpa_softmax_sum). Returns 1, or 0 with sdpa_bwd.why.
-static int sdpa_build_backward(int B, int T, int H, int D, int W) {
+static int sdpa_build_backward(int B, int T, int H, int Hkv, int D, int W) {
     SdpaBuild g;
     int64_t b = B, s = T, h = H, d = D;
     int64_t dq[4] = {b, h, s, d}, sq[4] = {s * h * d, d, h * d, 1};          // Q, O, dO, dQ, dK, dV (BSHD)
@@ -4425,8 +4428,13 @@ static int sdpa_build_backward(int B, int T, int H, int D, int W) {
              {CUDNN_ATTR_OPERATION_RESHAPE_YDESC, Kr}}, "reshape K"),
         g.matmul(dS2, Kr, dQ),
     });
-    if (!sdpa_plan(g, ops.data(), (int)ops.size(), sdpa_bwd, B, T, H, H, D, W)) { return 0; }
+    if (!sdpa_plan(g, ops.data(), (int)ops.size(), sdpa_bwd, B, T, H, Hkv, D, W)) { return 0; }
     cudaCheck(cudaMalloc(&sdpa_softmax_sum, (size_t)B * H * T * sizeof(float)));
+    if (Hkv != H) {
+        size_t n = (size_t)B * T * H * D * sizeof(floatX);
+        cudaCheck(cudaMalloc(&sdpa_kr, n)); cudaCheck(cudaMalloc(&sdpa_vr, n));
+        cudaCheck(cudaMalloc(&sdpa_dkr, n)); cudaCheck(cudaMalloc(&sdpa_dvr, n));
+    }
     return 1;
 }
 
@@ -4438,13 +4446,14 @@ static void sdpa_release(void) {
         if (p->ws) { cudaCheck(cudaFree(p->ws)); }
         memset(p, 0, sizeof(*p));
     }
-    if (sdpa_softmax_sum) { cudaCheck(cudaFree(sdpa_softmax_sum)); }
-    sdpa_softmax_sum = nullptr;
+    for (void* x : {(void*)sdpa_softmax_sum, (void*)sdpa_kr, (void*)sdpa_vr, (void*)sdpa_dkr, (void*)sdpa_dvr}) {
+        if (x) { cudaCheck(cudaFree(x)); }
+    }
+    sdpa_softmax_sum = nullptr; sdpa_kr = sdpa_vr = sdpa_dkr = sdpa_dvr = nullptr;
 }
 
 // the plans for a shape (B, T, Hq, Hkv, D) and window W (0: full causal), where the fused engines apply (head dim a
-// multiple of 8 up to 128; the backward with one key/value head per query head); a failure leaves its reason in the
-// plan's why
+// multiple of 8 up to 128); a failure leaves its reason in the plan's why
 static void sdpa_build(int B, int T, int Hq, int Hkv, int D, int W) {
     sdpa_release();
     if (!sdpa_handle) {
@@ -4463,8 +4472,7 @@ static void sdpa_build(int B, int T, int Hq, int Hkv, int D, int W) {
         return;
     }
     sdpa_build_forward(B, T, Hq, Hkv, D, W);
-    if (Hq != Hkv) { snprintf(sdpa_bwd.why, sizeof sdpa_bwd.why, "grouped-query heads are not in the backward graph"); }
-    else { sdpa_build_backward(B, T, Hq, D, W); }
+    sdpa_build_backward(B, T, Hq, Hkv, D, W);
 }
 
 // at startup: the plans for the training shape
@@ -4485,15 +4493,49 @@ static void sdpa_forward(floatX* o, float* stats, const floatX* q, const floatX*
     sdpa_run(sdpa_fwd, uids, ptrs, sdpa_fwd.W ? 8 : 7);
 }
 
+// grouped-query attention (G = Hq / Hkv query heads per key/value head, query head h reads kv head h / G):
+// x (B, T, Hkv, D) -> xr (B, T, Hq, D)
+__global__ void kv_repeat_kernel(floatX* xr, const floatX* x, long n, int Hq, int Hkv, int D) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    long r = i / D, bt = r / Hq;
+    int e = (int)(i % D), h = (int)(r % Hq);
+    xr[i] = x[(bt * Hkv + h / (Hq / Hkv)) * D + e];
+}
+// and back for the gradients: dx (B, T, Hkv, D) = the sum of dxr (B, T, Hq, D) over each group, in head order (fp32)
+__global__ void kv_group_sum_kernel(floatX* dx, const floatX* dxr, long n, int Hq, int Hkv, int D) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) { return; }
+    long r = i / D, bt = r / Hkv;
+    int e = (int)(i % D), hk = (int)(r % Hkv), G = Hq / Hkv;
+    float sum = 0.0f;
+    for (int g = 0; g < G; g++) { sum += tof(dxr[(bt * Hq + hk * G + g) * D + e]); }
+    dx[i] = fromf<floatX>(sum);
+}
+
 static void sdpa_backward(floatX* dq, floatX* dk, floatX* dv, const floatX* dout, const floatX* q, const floatX* k,
                           const floatX* v, const floatX* o, const float* stats, int D) {
     const SdpaPlan& p = sdpa_bwd;
+    bool gqa = p.Hq != p.Hkv;
+    long nr = (long)p.B * p.T * p.Hq * D, nk = (long)p.B * p.T * p.Hkv * D;
+    floatX* dk_g = dk; floatX* dv_g = dv;
+    if (gqa) {
+        kv_repeat_kernel<<<cdiv(nr, 256), 256, 0, main_stream>>>(sdpa_kr, k, nr, p.Hq, p.Hkv, D);
+        kv_repeat_kernel<<<cdiv(nr, 256), 256, 0, main_stream>>>(sdpa_vr, v, nr, p.Hq, p.Hkv, D);
+        cudaCheck(cudaGetLastError());
+        k = sdpa_kr; v = sdpa_vr; dk = sdpa_dkr; dv = sdpa_dvr;
+    }
     float scale = 1.0f / sqrtf((float)D), neginf = -INFINITY, one = 1.0f, window = (float)p.W;
     int64_t uids[14] = {SDPA_Q, SDPA_K, SDPA_V, SDPA_O, SDPA_STATS, SDPA_DO, SDPA_DQ, SDPA_DK, SDPA_DV, SDPA_SCALE,
                         SDPA_NEGINF, SDPA_ONE, SDPA_SOFTMAX_SUM, SDPA_WINDOW};
     void* ptrs[14] = {(void*)q, (void*)k, (void*)v, (void*)o, (void*)stats, (void*)dout, dq, dk, dv, &scale, &neginf, &one,
                       sdpa_softmax_sum, &window};
     sdpa_run(p, uids, ptrs, p.W ? 14 : 13);
+    if (gqa) {
+        kv_group_sum_kernel<<<cdiv(nk, 256), 256, 0, main_stream>>>(dk_g, sdpa_dkr, nk, p.Hq, p.Hkv, D);
+        kv_group_sum_kernel<<<cdiv(nk, 256), 256, 0, main_stream>>>(dv_g, sdpa_dvr, nk, p.Hq, p.Hkv, D);
+        cudaCheck(cudaGetLastError());
+    }
 }
 #endif
 

@@ -17,9 +17,10 @@ Versions:
 
 CPU reference in double from the inputs as the device sees them (rounded to floatX).
 Validation shapes: (B 2, T 77, Hq 4, Hkv 2, D 64), (1, 130, 2, 2, 128), (2, 50, 4, 1, 32, W 9), (1, 96, 2, 2, 64, W 17)
-(v2's backward graph: the shapes with one kv head per query head).
+(v2 grouped-query shapes: the backward graph over K, V repeated to every query head, then summed per group).
 Tolerances (relative L2): fp32 build every output 1e-5 (the same sums in another order); bf16 build: lse, dq, dk (fp32
-outputs from bf16 inputs) 1e-4, o and dv (rounded to bf16: 2^-9 relative) 1e-2; v2 (cuDNN rounds P to bf16 before P v)
+outputs from bf16 inputs; the reference's D = dout . o uses o rounded to bf16, as the backward reads it) 1e-4, o and
+dv (rounded to bf16: 2^-9 relative) 1e-2; v2 (cuDNN rounds P to bf16 before P v)
 o 2e-2, lse 1e-4, gradients (bf16 from cuDNN, or v1's from cuDNN's o) 2e-2.
 Timing: the 340m hybrid's attention layer, B 16 x T 2048, 8 heads of 128 (and 2 kv heads), full causal; TFLOP/s counts
 the causal half: forward 2 matmuls of B H T²/2 D, backward 5.
@@ -68,8 +69,10 @@ static void attn_reference(const AttnShape& s, const std::vector<float>& q, cons
                     for (int e = 0; e < D; e++) { o[qi + e] += p[j] * v[ki + e]; }
                 }
                 lse[((size_t)b * Hq + h) * T + t] = mx + log(sum);
+                // D = dout . o from o as the device stores it (floatX): the backward reads the stored o, and its
+                // bf16 rounding (2^-9) would otherwise dominate the fp32 gradients' error
                 double di = 0.0;
-                for (int e = 0; e < D; e++) { di += (double)dout[qi + e] * o[qi + e]; }
+                for (int e = 0; e < D; e++) { di += (double)dout[qi + e] * lab_round((float)o[qi + e]); }
                 for (int j = j0; j <= t; j++) {
                     size_t ki = (((size_t)b * T + j) * Hkv + hk) * D;
                     double dp = 0.0;
