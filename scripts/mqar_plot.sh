@@ -124,7 +124,8 @@ lrs=$(awk -F'\t' 'NR > 1 { print $8 }' "$OUT/runs.tsv" | sort -g -u | paste -sd,
     echo "set terminal $term"
     echo "set output '$OUT/mqar.png'"
     echo "set termoption noenhanced"
-    echo "set multiplot layout 1,2 title \"MQAR, Zoology's generator (vocab $VOCAB): $N_LAYER layers, d_model $D_MODEL, $HEADS heads of $HEAD_DIM; $STEPS steps of $TOKENS tokens; best lr of {$lrs}; mean +- std over $seeds seed(s); $DEVICE, $DATE\" font ',12'"
+    # two lines: one is wider than the picture
+    echo "set multiplot layout 1,2 title \"MQAR, Zoology's generator (vocab $VOCAB): $N_LAYER layers, d_model $D_MODEL, $HEADS heads of $HEAD_DIM; $STEPS steps of $TOKENS tokens\\nbest lr of {$lrs}; mean +- std over $seeds seed(s); $DEVICE, $DATE\" font ',12'"
     echo "set logscale x 2"
     echo "set xrange [$lmin / 1.3 : $lmax * 1.3]"
     echo "set xtics ($xtics)"

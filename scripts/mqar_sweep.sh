@@ -4,8 +4,9 @@
 # cell, as Zoology reports it) and several seeds (mean +- std). README "MQAR as Zoology runs it" says what was chosen
 # and why.
 #
-#   scripts/mqar_sweep.sh OUTDIR            the default grid on one GPU (train_pdncu): ~11 minutes on an H200 (measured 2026-12-02; too short to learn: README)
-#   FULL=1 scripts/mqar_sweep.sh OUTDIR     the full grid (3 learning rates, 4000 steps): ~2.6 h on one H200 (from the default grid's run times)
+#   scripts/mqar_sweep.sh OUTDIR            the default grid on one GPU (train_pdncu): one cell (L 256, N 32), 2 seeds, every
+#                                           variant: ~10 minutes on an H200 (measured 2026-12-02: 6 runs at a time in 294 s)
+#   FULL=1 scripts/mqar_sweep.sh OUTDIR     the full grid (the 7 cells of Fig. 5, 3 learning rates, 3 seeds): ~5 h on one H200
 #   SMOKE=1 scripts/mqar_sweep.sh OUTDIR    a tiny grid on the CPU (train_pdn): every variant, one length, one seed
 #
 # Writes OUTDIR/runs.tsv (one line per run), OUTDIR/summary.tsv and summary.md (best lr per cell, mean +- std over
@@ -33,14 +34,14 @@ if [ "$SMOKE" = 1 ]; then
     : "${STEPS:=150}" "${TOKENS:=512}" "${D_MODEL:=32}" "${HEADS:=2}" "${HEAD_DIM:=16}" "${VOCAB:=64}"
     : "${TEST_EX:=128}" "${EVAL_EVERY:=50}" "${JOBS:=2}" "${THREADS:=1}" "${BUDGET_S:=0}"
 else
-    # the GPU: a 2-layer d 256 model with 2 heads of 128, Zoology's vocabulary of 8192, 16,384 tokens a step
-    : "${TRAINER:=./train_pdncu}" "${LENGTHS:=256 512 1024 2048}" "${NFIX:=64}" "${RATIO:=8}" "${SEEDS:=1 2 3}"
-    : "${TOKENS:=16384}" "${D_MODEL:=256}" "${HEADS:=2}" "${HEAD_DIM:=128}" "${VOCAB:=8192}" "${TEST_EX:=1000}"
-    : "${JOBS:=2}" "${THREADS:=0}"
+    # the GPU: a 2-layer d 128 model with 4 heads of 32, Zoology's vocabulary of 8192, 32,768 tokens a step for 10,000
+    # steps (the plateau before recall is found lasts ~4,000-6,000 of them: README); six trainers share the GPU
+    : "${TRAINER:=./train_pdncu}" "${RATIO:=8}" "${TOKENS:=32768}" "${D_MODEL:=128}" "${HEADS:=4}" "${HEAD_DIM:=32}"
+    : "${VOCAB:=8192}" "${TEST_EX:=1000}" "${STEPS:=10000}" "${EVAL_EVERY:=1000}" "${JOBS:=6}" "${THREADS:=0}"
     if [ "$FULL" = 1 ]; then
-        : "${LRS:=1e-3 3e-3 1e-2}" "${STEPS:=4000}" "${EVAL_EVERY:=500}" "${BUDGET_S:=0}"
+        : "${LENGTHS:=256 512 1024 2048}" "${NFIX:=64}" "${LRS:=1e-3 3e-3 1e-2}" "${SEEDS:=1 2 3}" "${BUDGET_S:=0}"
     else
-        : "${LRS:=3e-3}" "${STEPS:=800}" "${EVAL_EVERY:=200}" "${BUDGET_S:=560}"
+        : "${LENGTHS:=256}" "${NFIX:=32}" "${LRS:=3e-3}" "${SEEDS:=1 2}" "${BUDGET_S:=560}"
     fi
 fi
 : "${VARIANTS:=dn pdn gdn pgdn kda pkda}" "${N_LAYER:=2}" "${TRAIN_EX:=100000}" "${STOP_ACC:=0.99}"
