@@ -3,9 +3,13 @@
 # (cudaMemGetInfo after the run: everything the process holds) for
 #   - every variant at its 340m preset, micro-batch 16 x 2048 tokens (one micro-batch per optimizer step);
 #   - pgdn-340m at 4 x 8192 and 1 x 32768 tokens (long sequences, small batches);
-#   - pgdn-340m-hybrid (issue 19: attention at layers 5, 11, 17, 23, 8 heads of 128) at 16 x 2048 and 4 x 8192;
+#   - pgdn-340m-hybrid (issue 19: attention at layers 5, 11, 17, 23, 8 heads of 128) at 16 x 2048 and 4 x 8192, and
+#     kda-340m with attention at the same layers, 16 heads of 64 on 4 kv heads (grouped-query: the cuDNN backward
+#     through repeated K, V);
 #   - gdn, pgdn, kda, pkda at their 1b presets, 8 x 2048 (kda/pkda-1b: head size 120), and pgdn-1b at 16 x 2048 with
 #     --recompute 1 (each layer's forward run again in the backward);
+#   - the MQAR sweep's model (issue 15: 2 layers, d 128, 4 heads of 32, vocab 8192, Zoology's L 256 N 32, 128
+#     sequences a step), alone on the GPU, with where its time goes (PDN_PROFILE=1);
 # then where the time goes for pgdn-340m (PDN_PROFILE=1) and the mixer kernels alone from the kernel lab
 # (dev/cuda/delta_chunk: B = 1, H = 8, K = V = 128, T = 2048 ... 16384). The first step of every run is not timed.
 # OLD=DIR: also run DIR/train_pdncu (an older build) on the 340m rows, side by side in the same job.
@@ -33,6 +37,8 @@ for v in dn pdn gdn pgdn kda pkda; do
     if [ -n "${OLD:-}" ]; then row "  (OLD build)" "$OLD/train_pdncu" --preset $v-340m -b 16 -t 2048 -d 32768; fi
 done
 row "pgdn-340m-hybrid 16x2048" ./train_pdncu --preset pgdn-340m-hybrid -b 16 -t 2048 -d 32768
+row "kda-340m + GQA attn 16x2048" ./train_pdncu --preset kda-340m --attn-layers 5,11,17,23 --attn-heads 16 \
+    --attn-kv-heads 4 -b 16 -t 2048 -d 32768
 if [ -z "${QUICK:-}" ]; then
     row "pgdn-340m-hybrid 4x8192" ./train_pdncu --preset pgdn-340m-hybrid -b 4 -t 8192 -d 32768
     row "pgdn-340m 4x8192" ./train_pdncu --preset pgdn-340m -b 4 -t 8192 -d 32768
@@ -42,6 +48,11 @@ if [ -z "${QUICK:-}" ]; then
     done
     row "pgdn-1b 16x2048 --recompute 1" ./train_pdncu --preset pgdn-1b -b 16 -t 2048 -d 32768 --recompute 1
     row "pgdn-340m 16x2048 --recompute 1" ./train_pdncu --preset pgdn-340m -b 16 -t 2048 -d 32768 --recompute 1
+    mqar=(--preset pgdn-tiny --n-layer 2 --d-model 128 --n-head 4 --head-dim 32 --vocab 8192 --tie 1 --mqar-gen zoology
+          --mqar-vocab 8192 --mqar-pairs 32 -t 256 -b 128 --mqar-test 1000)
+    row "mqar pgdn d128 L256 x 128" ./train_pdncu "${mqar[@]}"
+    echo "== where the time goes, the MQAR sweep's pgdn (d 128, 4 heads of 32), 128 x 256 tokens per step =="
+    PDN_PROFILE=1 ./train_pdncu "${mqar[@]}" -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
     echo "== where the time goes, pgdn-340m, 16 x 2048 tokens per step =="
     PDN_PROFILE=1 ./train_pdncu --preset pgdn-340m -b 16 -t 2048 -d 32768 -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
 fi
