@@ -3576,7 +3576,7 @@ static void to_floatX(floatX* out, const float* in, long n) {
 struct MixerSaved {
     float *G, *Mk;                  // (rows, gw) cumsum; (nq, C, C) decayed K̂K̃ᵀ, strictly lower
     floatX *Tx, *P;                 // (nq, C, C) (I + A)^-1 and the decayed Q̂K̃ᵀ
-    floatX *W, *U, *Qg, *Kd, *Vn;   // (rows, K | V)
+    floatX* Vn;                     // (rows, V) the chunks' new values V'
     floatX* hstate;                 // (nq, K, V) state at each chunk start
     floatX* O;                      // (rows, V) mixer output
 };
@@ -3585,6 +3585,10 @@ struct MixerSaved {
 struct MixerScratch {
     float *Mraw, *Praw, *A;                         // (nq, C, C)
     floatX *X, *Y;                                  // (rows, K | V)
+    // the WY form W = Tx X, U = Tx Y and the decayed Qg, Kd (rows, K | V): made again in the backward from the saved
+    // Tx and G (chunk_prep and two batched GEMMs, bit for bit the forward's) instead of kept per layer (4 x 64 MiB a
+    // layer at pgdn-340m, 16 x 2048)
+    floatX *W, *U, *Qg, *Kd;
     float *dVloc, *dQg, *dKd, *dX, *dY;             // (rows, V | K)
     floatX *dhstate, *dVn, *dWx, *dZx;
     float *dP, *dA, *dZ, *dbetaA;                   // (nq, C, C), dZ = dW Wᵀ + dV' Uᵀ; dbetaA (rows)
@@ -3737,7 +3741,7 @@ static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_FWD, K = s.K, V = s.V;
     if (ng <= 1) {
         state_forward_wmma_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
-            sv->hstate, sv->Vn, sv->O, sv->W, sv->U, sv->Kd, sv->Qg, sv->P, sv->G, S0, S_final, s, SCAN_SEQ);
+            sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, S0, S_final, s, SCAN_SEQ);
         cudaCheck(cudaGetLastError());
         return;
     }
@@ -3745,14 +3749,14 @@ static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0
     ChunkShape sk = s;
     sk.V = K; // the transition's scan: a K x K state
     state_forward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
-        nullptr, nullptr, nullptr, sv->W, sv->U, sv->Kd, nullptr, nullptr, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
+        nullptr, nullptr, nullptr, sc->W, sc->U, sc->Kd, nullptr, nullptr, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
     state_forward_wmma_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
-        nullptr, nullptr, nullptr, sv->W, nullptr, sv->Kd, nullptr, nullptr, sv->G, nullptr, sc->gT, sk,
+        nullptr, nullptr, nullptr, sc->W, nullptr, sc->Kd, nullptr, nullptr, sv->G, nullptr, sc->gT, sk,
         ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
     scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
         sc->gS, S_final, sc->gT, sc->gB, S0, ng, K, V, 0);
     state_forward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
-        sv->hstate, sv->Vn, sv->O, sv->W, sv->U, sv->Kd, sv->Qg, sv->P, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
+        sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
     cudaCheck(cudaGetLastError());
 }
 static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const floatX* dO, const ChunkShape& s, int ng) {
@@ -3760,7 +3764,7 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_BWD, K = s.K, V = s.V;
     if (ng <= 1) {
         state_backward_wmma_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
-            sc->dhstate, sc->dVn, sv->P, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, nullptr, s, SCAN_SEQ);
+            sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, nullptr, s, SCAN_SEQ);
         cudaCheck(cudaGetLastError());
         return;
     }
@@ -3768,17 +3772,25 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
     ChunkShape sk = s;
     sk.V = K;
     state_backward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
-        nullptr, nullptr, sv->P, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
+        nullptr, nullptr, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
     state_backward_wmma_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
-        nullptr, nullptr, nullptr, nullptr, sv->W, nullptr, sv->Kd, sv->G, nullptr, sc->gT, sk,
+        nullptr, nullptr, nullptr, nullptr, sc->W, nullptr, sc->Kd, sv->G, nullptr, sc->gT, sk,
         ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
     scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
         sc->gS, nullptr, sc->gT, sc->gB, nullptr, ng, K, V, 1);
     state_backward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
-        sc->dhstate, sc->dVn, sv->P, dO, sv->W, sv->Qg, sv->Kd, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
+        sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
     cudaCheck(cudaGetLastError());
 }
 #endif
+
+// W = Tx X, U = Tx Y (chunk_prep's X = diag(beta) K̃-side rows and Y = diag(beta) V, decayed), per chunk
+static void mixer_wy(MixerScratch* sc, const MixerSaved* sv, const ChunkShape& s) {
+    int C = s.C, K = s.K, V = s.V;
+    long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V;
+    bgemm(false, false, C, K, C, sv->Tx, C, CC, sc->X, K, CK, sc->W, false, K, CK, (int)s.nq, 1.0f, 0.0f);
+    bgemm(false, false, C, V, C, sv->Tx, C, CC, sc->Y, V, CV, sc->U, false, V, CV, (int)s.nq, 1.0f, 0.0f);
+}
 
 // Forward of the mixer core: Q (q̂ scaled), Kh (k̂), Kt (k̃), Vv, beta, g (null without decay) -> sv->O (and the
 // tensors the backward needs). S0 / S_final (B,H,K,V fp32) optional (generation).
@@ -3790,7 +3802,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     int nq = (int)s.nq;
     {
     PROF("mixer.fwd.prep");
-    chunk_prep(sv->G, sc->X, sc->Y, sv->Qg, sv->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
+    chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
     }
     MixerPlan p = mixer_plan(s);
     bool fused = p.scores_fused; // scores and inverse in one kernel
@@ -3823,8 +3835,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     }
     {
     PROF("mixer.fwd.gemms");
-    bgemm(false, false, C, K, C, sv->Tx, C, CC, sc->X, K, CK, sv->W, false, K, CK, nq, 1.0f, 0.0f);
-    bgemm(false, false, C, V, C, sv->Tx, C, CC, sc->Y, V, CV, sv->U, false, V, CV, nq, 1.0f, 0.0f);
+    mixer_wy(sc, sv, s);
     }
     bool o_done = p.scan_wmma; // the tensor-core scan also makes O
     {
@@ -3833,13 +3844,13 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     if (o_done) { state_forward_wmma(sv, sc, S0, S_final, s, p.scan_groups); } else
 #endif
     state_forward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_fwd(s), main_stream>>>(
-        sv->hstate, sv->Vn, sv->W, sv->U, sv->Kd, sv->G, S0, S_final, s);
+        sv->hstate, sv->Vn, sc->W, sc->U, sc->Kd, sv->G, S0, S_final, s);
     cudaCheck(cudaGetLastError());
     }
     if (!o_done) { // O = Qg S + P V' in fp32, then floatX (in the fp32 build O is that fp32 result)
     PROF("mixer.fwd.gemms");
     float* Of = sizeof(floatX) == sizeof(float) ? (float*)sv->O : sc->Of;
-    bgemm(false, false, C, V, K, sv->Qg, K, CK, sv->hstate, V, KV, Of, true, V, CV, nq, 1.0f, 0.0f);
+    bgemm(false, false, C, V, K, sc->Qg, K, CK, sv->hstate, V, KV, Of, true, V, CV, nq, 1.0f, 0.0f);
     bgemm(false, false, C, V, C, sv->P, C, CC, sv->Vn, V, CV, Of, true, V, CV, nq, 1.0f, 1.0f);
     if ((void*)Of != (void*)sv->O) { to_floatX(sv->O, Of, s.nq * CV); }
     }
@@ -3850,11 +3861,18 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
 // (dkt is then not written).
 static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg, MixerScratch* sc,
                                  const MixerSaved* sv, const floatX* dO, const floatX* Q, const floatX* Kh, const floatX* Kt,
-                                 const floatX* Vv, const float* beta, int fold_kt, const ChunkShape& s) {
+                                 const floatX* Vv, const float* beta, const float* g, int fold_kt, const ChunkShape& s) {
     int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V, rows = s.nq * C;
     int nq = (int)s.nq;
     MixerPlan p = mixer_plan(s);
+    {
+    PROF("mixer.bwd.prep");
+    // the forward's W, U, Qg, Kd again (other layers' forwards have used the scratch since); G is rewritten with the
+    // values it holds
+    chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
+    mixer_wy(sc, sv, s);
+    }
     bool wmma_scan = p.scan_wmma; // the tensor-core scan makes Pᵀ dO itself
     if (!wmma_scan) {
     PROF("mixer.bwd.gemms");
@@ -3866,7 +3884,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     if (wmma_scan) { state_backward_wmma(sc, sv, dO, s, p.scan_groups); } else
 #endif
     state_backward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_bwd(s), main_stream>>>(
-        sc->dhstate, sc->dVn, sc->dVloc, dO, sv->W, sv->Qg, sv->Kd, sv->G, nullptr, s);
+        sc->dhstate, sc->dVn, sc->dVloc, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, s);
     cudaCheck(cudaGetLastError());
     }
     {
@@ -3878,8 +3896,8 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     bgemm(true, false, C, K, C, sv->Tx, C, CC, sc->dWx, K, CK, sc->dX, true, K, CK, nq, 1.0f, 0.0f);
     bgemm(true, false, C, V, C, sv->Tx, C, CC, sc->dVn, V, CV, sc->dY, true, V, CV, nq, 1.0f, 0.0f);
     // dA = -dX Wᵀ - dY Uᵀ = -Txᵀ (dW Wᵀ + dV' Uᵀ): the C x C sum first, so dX and dY need no floatX copies
-    bgemm(false, true, C, C, K, sc->dWx, K, CK, sv->W, K, CK, sc->dZ, true, C, CC, nq, 1.0f, 0.0f);
-    bgemm(false, true, C, C, V, sc->dVn, V, CV, sv->U, V, CV, sc->dZ, true, C, CC, nq, 1.0f, 1.0f);
+    bgemm(false, true, C, C, K, sc->dWx, K, CK, sc->W, K, CK, sc->dZ, true, C, CC, nq, 1.0f, 0.0f);
+    bgemm(false, true, C, C, V, sc->dVn, V, CV, sc->U, V, CV, sc->dZ, true, C, CC, nq, 1.0f, 1.0f);
     to_floatX(sc->dZx, sc->dZ, nq * CC);
     bgemm(true, false, C, C, C, sv->Tx, C, CC, sc->dZx, C, CC, sc->dA, true, C, CC, nq, -1.0f, 0.0f);
     }
@@ -4768,7 +4786,6 @@ static void mixer_saved_add(Arena& ar, MixerSaved* mx, const ChunkShape& s) {
     long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
     memset(mx, 0, sizeof(*mx));
     ar.add(&mx->G, rows * gw); ar.add(&mx->Mk, s.nq * CC); ar.add(&mx->Tx, s.nq * CC); ar.add(&mx->P, s.nq * CC);
-    ar.add(&mx->W, rows * K); ar.add(&mx->U, rows * V); ar.add(&mx->Qg, rows * K); ar.add(&mx->Kd, rows * K);
     ar.add(&mx->Vn, rows * V); ar.add(&mx->hstate, s.nq * K * V); ar.add(&mx->O, rows * V);
 }
 // p: the plan the buffers are for (the kernel lab passes MixerPlan{}, every fallback's, to run all flavours)
@@ -4780,6 +4797,7 @@ static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, 
     if (!p.scores_fused) { ar.add(&sc->A, nq * CC); }
     if (!p.scan_wmma && sizeof(floatX) != sizeof(float)) { ar.add(&sc->Of, rows * V); }
     ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V);
+    ar.add(&sc->W, rows * K); ar.add(&sc->U, rows * V); ar.add(&sc->Qg, rows * K); ar.add(&sc->Kd, rows * K);
     if (diag) { precond_scratch_add(ar, &sc->pc, nq, (int)K); }
     if (p.scan_groups > 1) {
         long bg = (long)s.B * s.H * p.scan_groups;
@@ -5547,7 +5565,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         }
         }
         delta_chunk_backward(g.dq, g.dkh, g.dkt, g.dv, g.dbeta, gk ? g.dg : nullptr, &a->sc, &la.mx, g.dO_x, la.qn, la.kn,
-                             la.kt, la.v, la.beta, c->precond == PRECOND_NONE, a->cs);
+                             la.kt, la.v, la.beta, la.g, c->precond == PRECOND_NONE, a->cs);
         { PROF("bwd.precond");
         if (c->precond == PRECOND_DIAG) {
             PrecondBufs pb = a->sc.pc;
