@@ -160,25 +160,40 @@ __device__ __forceinline__ floatX round_sr(float x, unsigned int pos, unsigned i
 #endif
 }
 
-// one device allocation for many tensors (activations, scratch): a list of (pointer, bytes)
+// one device allocation for many tensors (activations, scratch): a list of (pointer, bytes). An overlay holds tensors
+// that are never alive at the same time: between overlay_begin() and overlay_end(), each overlay_next() starts another
+// set of tensors at the overlay's first byte, and the overlay takes the bytes of its largest set.
 struct Arena {
-    std::vector<std::pair<void**, size_t>> items;
+    struct Item { void** p; size_t bytes; int ov, set; }; // ov: the overlay (-1: none), set: which of its sets
+    std::vector<Item> items;
     void* mem = nullptr;
     size_t bytes = 0;
-    template <typename T> void add(T** p, size_t count) { items.push_back({(void**)p, count * sizeof(T)}); }
-    size_t pending() const { // the bytes of what has been added so far (each tensor 256-byte aligned)
-        size_t n = 0;
-        for (auto& it : items) { n += (it.second + 255) / 256 * 256; }
-        return n;
+    int ov = -1, set = 0, n_ov = 0;
+    template <typename T> void add(T** p, size_t count) { items.push_back({(void**)p, count * sizeof(T), ov, set}); }
+    void overlay_begin() { ov = n_ov++; set = 0; }
+    void overlay_next() { set++; }
+    void overlay_end() { ov = -1; set = 0; }
+    // each tensor 256-byte aligned; with base, assigns the pointers. Returns the bytes of what has been added so far.
+    size_t layout(char* base) const {
+        size_t off = 0, start = 0, end = 0; // an overlay's first byte and the end of its largest set so far
+        for (size_t i = 0; i < items.size(); i++) {
+            const Item& it = items[i];
+            if (it.ov >= 0 && (i == 0 || items[i - 1].ov != it.ov)) { start = end = off; }            // an overlay starts
+            else if (it.ov >= 0 && items[i - 1].set != it.set) { end = std::max(end, off); off = start; } // its next set
+            if (base) { *it.p = it.bytes ? (void*)(base + off) : nullptr; }
+            off += (it.bytes + 255) / 256 * 256;
+            if (it.ov >= 0 && (i + 1 == items.size() || items[i + 1].ov != it.ov)) { off = std::max(end, off); } // it ends
+        }
+        return off;
     }
+    size_t pending() const { return layout(nullptr); }
     void alloc() {
         bytes = pending();
         cudaCheck(cudaMalloc(&mem, bytes ? bytes : 256));
         cudaCheck(cudaMemset(mem, 0, bytes ? bytes : 256));
-        char* p = (char*)mem;
-        for (auto& it : items) { *it.first = it.second ? (void*)p : nullptr; p += (it.second + 255) / 256 * 256; }
+        layout((char*)mem);
     }
-    void release() { if (mem) { cudaCheck(cudaFree(mem)); } mem = nullptr; items.clear(); }
+    void release() { if (mem) { cudaCheck(cudaFree(mem)); } mem = nullptr; items.clear(); n_ov = 0; }
 };
 
 // ----------------------------------------------------------------------------------------------------
@@ -434,6 +449,16 @@ static void colsum_add(float* out, const float* mat, long N, int M) {
     int nch = cdiv(N, COLSUM_ROWS);
     colsum_partial_kernel<<<dim3(cdiv(M, 32), nch), dim3(32, 8), 0, main_stream>>>(colsum_partials(nch, M), mat, (int)N, M);
     colsum_finish(out, nch, M);
+}
+
+// out += in, n elements (fp32)
+__global__ void add_inplace_kernel(float* out, const float* in, long n) {
+    long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) { out[i] += in[i]; }
+}
+static void add_inplace(float* out, const float* in, long n) {
+    add_inplace_kernel<<<cdiv(n, 256), 256, 0, main_stream>>>(out, in, n);
+    cudaCheck(cudaGetLastError());
 }
 
 // RMSNorm (MODEL.md §2), optionally fused with the residual add: resid_out = a + b (if b), out = RMSNorm(resid) * w.
@@ -4703,10 +4728,11 @@ struct LayerActs {
     float *q_rstd, *k_rstd;                    // (N, H)
     floatX* beta_pre; float* beta;             // (N, H); hm rows
     floatX *f1, *g_pre; float* g;              // (N, V); (N, H*gw); hm (rows, gw)
-    floatX *gp_pre, *bp_pre; float *gp, *betap, *astat, *pstate;
+    floatX *gp_pre, *bp_pre; float *gp, *betap, *pstate;
+    float* astat;                              // hm (rows, Kp) the diagonal preconditioner's statistic (Acts' shared one)
     MixerSaved mx;
     float* o_rstd;                             // (N*H)
-    floatX *g1, *gz, *og;                      // output gate (N, V), (N, HV); og (N, HV) W_o's input
+    floatX *g1, *gz, *og;                      // output gate (N, V), (N, HV); og (N, HV) W_o's input (Acts' shared one)
     floatX* h; float* ln2_rstd;                // (N, d), (N)
     floatX *mg, *mu;                           // (N, I)
     // an attention layer's instead of the mixer's (section 3b): q, k after the rotary embedding, v, the output
@@ -4719,6 +4745,7 @@ struct GradBufs {
     float* dln;             // (N, d) the gradient of the norm output at hand (lnf, then each layer's ln2 and ln1)
     floatX *dresid_x, *dh_x, *dma_x, *dmg_x, *dmu_x, *dgz_x, *dO_x, *dg_pre_x;
     floatX *din_x, *win_x;  // (N, ip.width) the packed gradients of ln1's projections, (ip.width, d) their weights
+    float* dwin;            // (ip.width, d) the packed weights' gradients
     float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dg_pre_f, *alog_prod, *pbuf;
     int *bucket_tok, *bucket_start, *bucket_pos;
     // attention layers: dO (floatX), dq / dk before the rotary embedding's backward (fp32), the projections' output
@@ -4766,6 +4793,8 @@ struct Acts {
     long M;
     int *rows, *slot, *row_y;     // (N) device: the rows' positions, each position's row (or -1), the rows' targets
     std::vector<int> rows_h, slot_h, row_y_h; // their host copies (acts_target_rows)
+    floatX* og;                   // (N, HV) the gated output norm; every layer's LayerActs points here
+    floatX* kt; float* astat;     // hm (rows, Kp) k̃ and the diagonal preconditioner's statistic, likewise
     floatX* lnf_rows;             // (M, d) those rows of lnf: aliases ymix, which is free from the last layer's
                                   // residual add until the classifier's backward is done
     int *tokens, *targets;        // (N) device copies of the batch
@@ -4788,8 +4817,9 @@ static void mixer_saved_add(Arena& ar, MixerSaved* mx, const ChunkShape& s) {
     ar.add(&mx->G, rows * gw); ar.add(&mx->Mk, s.nq * CC); ar.add(&mx->Tx, s.nq * CC); ar.add(&mx->P, s.nq * CC);
     ar.add(&mx->Vn, rows * V); ar.add(&mx->hstate, s.nq * K * V); ar.add(&mx->O, rows * V);
 }
-// p: the plan the buffers are for (the kernel lab passes MixerPlan{}, every fallback's, to run all flavours)
-static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, int with_grads, int diag, const MixerPlan& p) {
+// p: the plan the buffers are for (the kernel lab passes MixerPlan{}, every fallback's, to run all flavours). The
+// forward's part (also read by the backward); mixer_scratch_grads_add adds the backward's own.
+static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, int diag, const MixerPlan& p) {
     long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, nq = s.nq;
     bool gemm_scores = s.gk <= 1 && !p.scores_fused; // scalar / no decay by batched GEMMs + mask
     memset(sc, 0, sizeof(*sc));
@@ -4803,7 +4833,11 @@ static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, 
         long bg = (long)s.B * s.H * p.scan_groups;
         ar.add(&sc->gB, bg * K * V); ar.add(&sc->gT, bg * K * K); ar.add(&sc->gS, bg * K * V);
     }
-    if (!with_grads) { return; }
+}
+// every one of these is written in full before it is read in each backward call (the trainer overlays them)
+static void mixer_scratch_grads_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, const MixerPlan& p) {
+    long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, nq = s.nq;
+    bool gemm_scores = s.gk <= 1 && !p.scores_fused;
     if (!p.scan_wmma) { ar.add(&sc->dVloc, rows * V); }
     ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
     ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V); ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
@@ -4849,36 +4883,55 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         if (!mix) { continue; }
         ar.add(&la.qp, N * HK); ar.add(&la.kp, N * HK); ar.add(&la.vp, N * HV);
         ar.add(&la.qn, rows * Kp); ar.add(&la.kn, rows * Kp); ar.add(&la.v, rows * Vp);
-        if (diag || exact) { ar.add(&la.kt, rows * Kp); }
+        if (exact) { ar.add(&la.kt, rows * Kp); } // (diag: one k̃ for all layers, made again in the backward)
         ar.add(&la.q_rstd, N * H); ar.add(&la.k_rstd, N * H);
         ar.add(&la.beta_pre, N * H); ar.add(&la.beta, rows);
         if (chan) { ar.add(&la.f1, N * V); }
         if (gk) { ar.add(&la.g_pre, N * H * gw); ar.add(&la.g, rows * gwp); }
         if (diag) {
             ar.add(&la.gp_pre, N * H); ar.add(&la.bp_pre, N * H); ar.add(&la.gp, rows); ar.add(&la.betap, rows);
-            ar.add(&la.astat, rows * Kp);
         }
         if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * Kp * Kp); }
         mixer_saved_add(ar, &la.mx, a.cs);
-        ar.add(&la.o_rstd, N * H); ar.add(&la.og, N * HV);
+        ar.add(&la.o_rstd, N * H);
         if (c->out_gate) { ar.add(&la.g1, N * V); ar.add(&la.gz, N * HV); }
     }
     a.layer_bytes = (ar.pending() - before_layers) / nstore;
+    // cheap to make again, so one for all layers: the backward makes a layer's again from what it keeps
+    if (n_attn < L) { ar.add(&a.og, N * HV); }                        // the gated output norm, W_o's input
+    if (diag) { ar.add(&a.kt, rows * Kp); ar.add(&a.astat, rows * Kp); } // k̃ and the preconditioner's statistic
     ar.add(&a.lnf, N * d); ar.add(&a.lnf_rstd, N);
-    ar.add(&a.logits, N * c->vocab_size); ar.add(&a.losses, N); ar.add(&a.argmax, N);
+    ar.add(&a.losses, N); ar.add(&a.argmax, N);
     ar.add(&a.ymix, N * d); ar.add(&a.ymlp, N * d);
     ar.add(&a.tokens, N); ar.add(&a.targets, N);
     ar.add(&a.rows, N); ar.add(&a.slot, N); ar.add(&a.row_y, N);
-    mixer_scratch_add(ar, &a.sc, a.cs, with_grads, diag, mixer_plan(a.cs));
+    MixerPlan plan = mixer_plan(a.cs);
+    mixer_scratch_add(ar, &a.sc, a.cs, diag, plan);
     GradBufs& g = a.gb;
     memset(&g, 0, sizeof(g));
+    // One overlay for three sets that are never alive at once (one stream, in this order): the logits, from the
+    // classifier's forward to its backward; the MLP backward's (N, I) gradients; the mixer backward's scratch and
+    // its outputs. Only tensors that are written in full before every read go there: nothing in it relies on the
+    // zeros of the allocation (the padded rows and columns of dO, which the mixer reads, stay outside).
+    ar.overlay_begin();
+    ar.add(&a.logits, N * c->vocab_size);
+    if (with_grads) {
+        ar.overlay_next();
+        ar.add(&g.dma_x, N * I); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
+        ar.overlay_next();
+        mixer_scratch_grads_add(ar, &a.sc, a.cs, plan);
+        ar.add(&g.dog, N * HV);
+        ar.add(&g.dq, rows * Kp); ar.add(&g.dkh, rows * Kp); ar.add(&g.dkt, rows * Kp); ar.add(&g.dv, rows * Vp);
+    }
+    ar.overlay_end();
     if (with_grads) {
         long wp = (long)H * gw; // the gates' small scratch
         ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln, N * d);
-        ar.add(&g.dma_x, N * I); ar.add(&g.dog, N * HV); ar.add(&g.wprod, wp);
-        ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
+        ar.add(&g.wprod, wp);
+        ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d);
         ar.add(&g.dO_x, rows * Vp);
         ar.add(&g.din_x, N * a.ip.width); ar.add(&g.win_x, (long)a.ip.width * d);
+        ar.add(&g.dwin, (long)a.ip.width * d);
         if (c->out_gate) { ar.add(&g.dgz_f, N * HV); ar.add(&g.dgz_x, N * HV); }
         if (chan) { ar.add(&g.dg_pre_x, N * H * gw); } // W_f2's output gradient (f1's goes into din_x)
         if (gk) { ar.add(&g.dg, rows * gwp); }
@@ -4886,7 +4939,6 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         ar.add(&g.alog_prod, N * H * gw);
         if (diag) { ar.add(&g.dgp, rows); ar.add(&g.dbp, rows); }
         if (exact) { ar.add(&g.pbuf, (long)B * H * (C + 1) * Kp * Kp); }
-        ar.add(&g.dq, rows * Kp); ar.add(&g.dkh, rows * Kp); ar.add(&g.dkt, rows * Kp); ar.add(&g.dv, rows * Vp);
         ar.add(&g.dbeta, rows);
         ar.add(&g.bucket_tok, N); ar.add(&g.bucket_start, N + 1); ar.add(&g.bucket_pos, N);
         if (n_attn) {
@@ -4899,7 +4951,9 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     a.lnf_rows = a.ymix;
     for (int l = 0; l < L; l++) {
         if (l >= nstore) { a.L[l] = a.L[0]; }
-        if (!(diag || exact)) { a.L[l].kt = a.L[l].kn; }
+        a.L[l].og = a.og;
+        if (diag) { a.L[l].kt = a.kt; a.L[l].astat = a.astat; }
+        else if (!exact) { a.L[l].kt = a.L[l].kn; }
     }
     return a;
 }
@@ -5343,6 +5397,28 @@ static void attn_layer_backward(Model* m, Acts* a, int l) {
 // Forward over a->tokens (B, T) into a->logits. rs: null for training, else the recurrent state, read and advanced.
 // One layer from its ln1 (in a->ln) to the MLP's activation (a->ma) and, unless for_backward (the backward's
 // recompute needs no W_down output), the MLP's output a->ymlp. Writes the layer's LayerActs.
+// the diagonal preconditioner: k̃ and the statistic of layer l (la.kt, la.astat) from its k̂ and gates
+static void precond_layer_forward(const Model* m, Acts* a, int l, RecState* rs) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    LayerActs& la = a->L[l];
+    int H = c->n_head, Kp = a->cs.K;
+    float* a0 = rs ? rs->a + (long)l * rs->B * H * Kp : nullptr; // (the padded channels: zero keys, statistic and k̃)
+    PrecondBufs pb = a->sc.pc;
+    pb.astat = la.astat;
+    precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, a->B, H, a->NC, m->C, Kp,
+                         c->squash_x, c->precond_eps);
+}
+
+// the output norm of layer l's mixer output, times the output gate if the variant has one: la.og (and la.o_rstd)
+static void onorm_layer_forward(const Model* m, Acts* a, int l) {
+    const PdnConfig* c = &m->cfg;
+    const PdnLayout* lay = &m->lay;
+    LayerActs& la = a->L[l];
+    onorm_gate_forward(c->out_gate ? nullptr : la.og, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr,
+                       a->B, a->T, c->n_head, pdn_head_v(c), a->cs.V, a->Tp, c->norm_eps);
+}
+
 static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_backward) {
     const PdnConfig* c = &m->cfg;
     const PdnLayout* lay = &m->lay;
@@ -5396,11 +5472,7 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     } }
     { PROF("fwd.precond");
     if (c->precond == PRECOND_DIAG) {
-        float* a0 = rs ? rs->a + lb * H * Kp : nullptr; // (the padded channels: zero keys, zero statistic, zero k̃)
-        PrecondBufs pb = a->sc.pc;
-        pb.astat = la.astat;
-        precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, B, H, a->NC, m->C, Kp,
-                             c->squash_x, c->precond_eps);
+        precond_layer_forward(m, a, l, rs);
     } else if (c->precond == PRECOND_EXACT) {
         float* P0 = rs ? rs->P + lb * H * Kp * Kp : nullptr;
         size_t sm = ((size_t)Kp * Kp + 2 * Kp) * sizeof(float);
@@ -5416,8 +5488,7 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
         matmul_forward(la.g1, a->ln, PP(T_WG1, l), nullptr, (int)N, d, V);
         matmul_forward(la.gz, la.g1, PP(T_WG2, l), PP(T_BG2, l), (int)N, V, HV);
     }
-    onorm_gate_forward(c->out_gate ? nullptr : la.og, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr,
-                       B, T, H, V, Vp, Tp, eps);
+    onorm_layer_forward(m, a, l);
     matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d); }
     }
     PROF("fwd.mlp");
@@ -5538,6 +5609,11 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                 layer_forward(m, a, l, nullptr, 1);
             } else {
                 rmsnorm_apply(a->ln, la.h, la.ln2_rstd, PP(T_MLP_NORM, l), N, d);
+                // what all mixer layers share (Acts' og, kt, astat) holds layer l + 1's: layer l's again, bit for bit
+                if (!pdn_is_attn(c, l)) {
+                    onorm_layer_forward(m, a, l);
+                    if (c->precond == PRECOND_DIAG) { precond_layer_forward(m, a, l, nullptr); }
+                }
             }
         }
         // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2); g.dresid = dL/dout, g.dresid_x its floatX copy
@@ -5600,13 +5676,14 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, nullptr, la.kp, PP(T_CONV_K, l), B, T, H, K, Kp, cs, Tp, 1, 1.0f);
         conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, nullptr, la.vp, PP(T_CONV_V, l), B, T, H, V, Vp, cs, Tp, 0, 1.0f); }
         PROF("bwd.matmul.in_proj+norm");
-        // each weight's gradient from its slice (over ln1, made again); ln1's from all of them in one GEMM over the
-        // packed weights
+        // the weights' gradients in one GEMM over the packed slices (the gates' are 8 rows: alone they ran as slow
+        // split-K GEMMs), each added to its tensor; ln1's (made again) gradient in one GEMM over the packed weights
         rmsnorm_apply(a->ln, x, la.ln1_rstd, PP(T_ATTN_NORM, l), N, d);
+        matmul_lt(g.dwin, true, g.din_x, true, a->ln, false, ldi, d, (int)N, 1.0f, 0.0f, nullptr, ldi);
         for (int i = 0; i < ip.n; i++) {
             cudaCheck(cudaMemcpyAsync(g.win_x + (size_t)ip.off[i] * d, PP(ip.id[i], l), (size_t)ip.rows[i] * d * sizeof(floatX),
                                       cudaMemcpyDeviceToDevice, main_stream));
-            matmul_backward(nullptr, 0, GG(ip.id[i], l), g.din_x + ip.off[i], a->ln, nullptr, (int)N, d, ip.rows[i], ldi);
+            add_inplace(GG(ip.id[i], l), g.dwin + (size_t)ip.off[i] * d, (long)ip.rows[i] * d);
         }
         matmul_lt(g.dln, true, g.din_x, false, g.win_x, false, (int)N, d, ldi, 1.0f, 0.0f, nullptr);
         }

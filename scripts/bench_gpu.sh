@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # GPU throughput and memory benchmark (issue 13): end-to-end training tokens/s, ms per step, MFU and device memory
-# (cudaMemGetInfo after the run: everything the process holds) for
+# (cudaMemGetInfo after the run: everything the process holds). The language-model rows train on a token shard of
+# uniform random tokens below the preset's vocabulary (32,000), so that every position has a target and the
+# classifier does its full work, as in pre-training (the default MQAR job has targets at its answers only, and the
+# trainer runs the classifier on those rows alone). Rows:
 #   - every variant at its 340m preset, micro-batch 16 x 2048 tokens (one micro-batch per optimizer step);
 #   - pgdn-340m at 4 x 8192 and 1 x 32768 tokens (long sequences, small batches);
 #   - pgdn-340m-hybrid (issue 19: attention at layers 5, 11, 17, 23, 8 heads of 128) at 16 x 2048 and 4 x 8192, and
@@ -18,6 +21,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}
 make -s train_pdncu || exit 1
+# one llm.c-format shard (uint16 tokens: magic 20240520, version 1, count) of 2^21 uniform tokens in [0, 32000)
+data=$(mktemp -d /tmp/pdn_bench_XXXXXX)
+trap 'rm -rf "$data"' EXIT
+perl -e 'my $n = 1 << 21; srand(1); print pack("l<3", 20240520, 1, $n), "\0" x 1012;
+         print pack("S<*", map { int(rand(32000)) } 1 .. $n)' > "$data/rand_train_000.bin" || exit 1
+lm=(-i "$data/rand_train_*.bin")
 rows=()
 # row LABEL BINARY ARGS...: one run, one table row
 row() {
@@ -33,28 +42,28 @@ row() {
     echo "${rows[-1]}" # as it comes (the table is printed again at the end)
 }
 for v in dn pdn gdn pgdn kda pkda; do
-    row "$v-340m 16x2048" ./train_pdncu --preset $v-340m -b 16 -t 2048 -d 32768
-    if [ -n "${OLD:-}" ]; then row "  (OLD build)" "$OLD/train_pdncu" --preset $v-340m -b 16 -t 2048 -d 32768; fi
+    row "$v-340m 16x2048" ./train_pdncu --preset $v-340m "${lm[@]}" -b 16 -t 2048 -d 32768
+    if [ -n "${OLD:-}" ]; then row "  (OLD build)" "$OLD/train_pdncu" --preset $v-340m "${lm[@]}" -b 16 -t 2048 -d 32768; fi
 done
-row "pgdn-340m-hybrid 16x2048" ./train_pdncu --preset pgdn-340m-hybrid -b 16 -t 2048 -d 32768
-row "kda-340m + GQA attn 16x2048" ./train_pdncu --preset kda-340m --attn-layers 5,11,17,23 --attn-heads 16 \
+row "pgdn-340m-hybrid 16x2048" ./train_pdncu --preset pgdn-340m-hybrid "${lm[@]}" -b 16 -t 2048 -d 32768
+row "kda-340m + GQA attn 16x2048" ./train_pdncu --preset kda-340m "${lm[@]}" --attn-layers 5,11,17,23 --attn-heads 16 \
     --attn-kv-heads 4 -b 16 -t 2048 -d 32768
 if [ -z "${QUICK:-}" ]; then
-    row "pgdn-340m-hybrid 4x8192" ./train_pdncu --preset pgdn-340m-hybrid -b 4 -t 8192 -d 32768
-    row "pgdn-340m 4x8192" ./train_pdncu --preset pgdn-340m -b 4 -t 8192 -d 32768
-    row "pgdn-340m 1x32768" ./train_pdncu --preset pgdn-340m -b 1 -t 32768 -d 32768
+    row "pgdn-340m-hybrid 4x8192" ./train_pdncu --preset pgdn-340m-hybrid "${lm[@]}" -b 4 -t 8192 -d 32768
+    row "pgdn-340m 4x8192" ./train_pdncu --preset pgdn-340m "${lm[@]}" -b 4 -t 8192 -d 32768
+    row "pgdn-340m 1x32768" ./train_pdncu --preset pgdn-340m "${lm[@]}" -b 1 -t 32768 -d 32768
     for v in gdn pgdn kda pkda; do
-        row "$v-1b 8x2048" ./train_pdncu --preset $v-1b -b 8 -t 2048 -d 16384
+        row "$v-1b 8x2048" ./train_pdncu --preset $v-1b "${lm[@]}" -b 8 -t 2048 -d 16384
     done
-    row "pgdn-1b 16x2048 --recompute 1" ./train_pdncu --preset pgdn-1b -b 16 -t 2048 -d 32768 --recompute 1
-    row "pgdn-340m 16x2048 --recompute 1" ./train_pdncu --preset pgdn-340m -b 16 -t 2048 -d 32768 --recompute 1
+    row "pgdn-1b 16x2048 --recompute 1" ./train_pdncu --preset pgdn-1b "${lm[@]}" -b 16 -t 2048 -d 32768 --recompute 1
+    row "pgdn-340m 16x2048 --recompute 1" ./train_pdncu --preset pgdn-340m "${lm[@]}" -b 16 -t 2048 -d 32768 --recompute 1
     mqar=(--preset pgdn-tiny --n-layer 2 --d-model 128 --n-head 4 --head-dim 32 --vocab 8192 --tie 1 --mqar-gen zoology
           --mqar-vocab 8192 --mqar-pairs 32 -t 256 -b 128 --mqar-test 1000)
     row "mqar pgdn d128 L256 x 128" ./train_pdncu "${mqar[@]}"
     echo "== where the time goes, the MQAR sweep's pgdn (d 128, 4 heads of 32), 128 x 256 tokens per step =="
     PDN_PROFILE=1 ./train_pdncu "${mqar[@]}" -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
     echo "== where the time goes, pgdn-340m, 16 x 2048 tokens per step =="
-    PDN_PROFILE=1 ./train_pdncu --preset pgdn-340m -b 16 -t 2048 -d 32768 -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
+    PDN_PROFILE=1 ./train_pdncu --preset pgdn-340m "${lm[@]}" -b 16 -t 2048 -d 32768 -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
 fi
 if [ -f dev/cuda/Makefile ] && [ -z "${SKIP_LAB:-}" ]; then
     echo "== mixer kernels alone (dev/cuda/delta_chunk) =="

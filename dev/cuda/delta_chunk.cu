@@ -248,7 +248,8 @@ static void delta_dev_alloc(DeltaDev& d, const ChunkShape& s, int precond) {
     every.gk = 0;
     MixerPlan all{};
     all.scan_groups = LAB_MAX_GROUPS;
-    mixer_scratch_add(ar, &d.sc, every, 1, 0, all);
+    mixer_scratch_add(ar, &d.sc, every, 0, all);
+    mixer_scratch_grads_add(ar, &d.sc, every, all);
     if (precond) {
         precond_scratch_add(ar, &d.pb, s.nq, K);
         ar.add(&d.pb.astat, rows * K);
