@@ -67,7 +67,7 @@ if [ -z "${QUICK:-}" ]; then
 fi
 if [ -f dev/cuda/Makefile ] && [ -z "${SKIP_LAB:-}" ]; then
     echo "== mixer kernels alone (dev/cuda/delta_chunk) =="
-    make -s -C dev/cuda delta_chunk > /dev/null && (cd dev/cuda && ./delta_chunk --no-validate 2>&1 | tail -30)
+    make -s -C dev/cuda delta_chunk > /dev/null && (cd dev/cuda && ./delta_chunk --no-validate 2>&1 | sed -n "/=== timing/,\$p")
 fi
 echo "== end to end, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d), $steps steps (the first untimed) =="
 printf '%s\n' "${rows[@]}"
