@@ -2448,6 +2448,31 @@ __device__ __forceinline__ uint4 round8_bf16(const float* src) {
     return o;
 }
 
+// Shared memory of the tensor-core scans. Fixed part: the fp32 state and its bf16 copy (K x 36, K x 40), the chunk's
+// V' (dV') in fp32 and bf16 (C x 36, C x 40). Then NS stage buffers, each with the staged operands of one chunk
+// (ScanStage: byte offsets): W, Kd, Qg (C x K+8 each), nv slices of U (forward) or dO (backward) (C x 40), P
+// (C x C+8), the last row's G and the decay factors made from it (2 gw). NS = 1 stages a chunk's operands in two halves while
+// the chunk before it still runs (two blocks per multiprocessor fit at K = 128); NS = 2 stages the whole next chunk
+// while this one runs (one block per multiprocessor): the chunk's full compute time to hide the loads' latency where
+// few blocks walk long chains (one sequence, few heads). MixerPlan.scan_stages chooses.
+struct ScanStage { size_t w, kd, qg, v, p, g, bytes; };
+__host__ __device__ inline ScanStage scan_stage(int C, int K, int gw, int nv) {
+    ScanStage t;
+    size_t m = scan_align((size_t)C * SCAN_PADK(K) * 2);
+    t.w = 0; t.kd = m; t.qg = 2 * m; t.v = 3 * m;
+    t.p = t.v + nv * scan_align((size_t)C * SCAN_PADV * 2);
+    t.g = t.p + scan_align((size_t)C * (C + 8) * 2);
+    t.bytes = t.g + scan_align((size_t)2 * gw * 4); // G_last, then the decay factors made from it
+    return t;
+}
+__host__ __device__ inline size_t scan_fixed_bytes(int C, int K) {
+    return scan_align((size_t)K * SCAN_PADF * 4) + scan_align((size_t)C * SCAN_PADF * 4) + scan_align((size_t)K * SCAN_PADV * 2) +
+           scan_align((size_t)C * SCAN_PADV * 2);
+}
+// U / dO slices per stage: the backward with one stage keeps two dO slices (the next chunk's copy starts while this
+// chunk's dS update still reads its own)
+__host__ __device__ inline int scan_nv(int backward, int ns) { return backward && ns == 1 ? 2 : 1; }
+
 // Chunk groups of the two-level scans (dev/cuda/delta_chunk v3). Per chunk the state moves as S' = A S + B with
 // A = e^G_last - Kdᵀ W (K x K) and B = Kdᵀ U: a scan over a group of chunks from zero gives the group's B, the same
 // scan with U = 0 from the identity (a K x K "state") gives the product of its A's, a short pass over the groups
@@ -2460,8 +2485,10 @@ static const ScanGroups SCAN_SEQ = {1, 1 << 30, SCAN_OUT};
 
 // forward: per chunk, hstate = S; V' = U - W S; O = Qg S + P V'; S = e^G_last ⊙ S + Kdᵀ V'. The output O is made
 // here too (the warps that W S leaves idle take Qg S, kept in registers until P V' is added): no batched GEMMs after.
-// Two blocks per multiprocessor (the 64-register cap) so that the 512 blocks of the 340m shape run in two waves.
-__global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, floatX* O, const floatX* W,
+// NS = 1: two blocks per multiprocessor (the 64-register cap) so that the 512 blocks of the 340m shape run in two
+// waves; NS = 2 (ScanStage): one.
+template <int NS>
+__global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, floatX* O, const floatX* W,
                                                                      const floatX* U, const floatX* Kd, const floatX* Qg,
                                                                      const floatX* P, const float* G, const float* S0,
                                                                      float* S_final, ChunkShape s, ScanGroups sg) {
@@ -2475,12 +2502,16 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
     float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF * 4); // C x 36 fp32
     __nv_bfloat16* Sb = (__nv_bfloat16*)p;   p += scan_align((size_t)K * SCAN_PADV * 2); // K x 40
     __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40
-    __nv_bfloat16* Ws = (__nv_bfloat16*)p;   p += scan_align((size_t)C * kp * 2);        // C x kp   staged W
-    __nv_bfloat16* Kds = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // C x kp   staged Kd
-    __nv_bfloat16* Us = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40   staged U slice
-    __nv_bfloat16* Qgs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // C x kp   staged Qg
-    __nv_bfloat16* Ps = (__nv_bfloat16*)p;   p += scan_align((size_t)C * (C + 8) * 2);   // C x C+8  staged P
-    float* Gl = (float*)p;                                                               // gw       staged last-row G
+    const ScanStage lay = scan_stage(C, K, gw, scan_nv(0, NS));
+    unsigned char* stages = p;               // NS x lay.bytes: staged W, Kd, Qg (C x kp), U slice (C x 40), P, G_last
+    // the staged operands of the chunk in stage buffer b (NS = 1: always 0)
+    __nv_bfloat16 *Ws, *Kds, *Us, *Qgs, *Ps;
+    float* Gl;
+    auto use_stage = [&](int b) {
+        unsigned char* q = stages + (size_t)b * lay.bytes;
+        Ws = (__nv_bfloat16*)(q + lay.w); Kds = (__nv_bfloat16*)(q + lay.kd); Qgs = (__nv_bfloat16*)(q + lay.qg);
+        Us = (__nv_bfloat16*)(q + lay.v); Ps = (__nv_bfloat16*)(q + lay.p); Gl = (float*)(q + lay.g);
+    };
     int lp = C + 8;
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
         int a = e / SCAN_BV, c = e % SCAN_BV;
@@ -2488,7 +2519,8 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
         S[a * SCAN_PADF + c] = x;
         Sb[a * SCAN_PADV + c] = __float2bfloat16(x);
     }
-    // group 1 of a chunk: W, Qg; group 2: U, G_last, Kd, P (Qg, U and P only where the outputs or U are needed)
+    // half 1 of a chunk: W, Qg; half 2: U, G_last, Kd, P (Qg, U and P only where the outputs or U are needed), into
+    // the buffers use_stage set
     long rb = ((long)bh * s.NC + lo) * C;
     auto stage1 = [&](long r) {
         stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
@@ -2500,12 +2532,17 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
         stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
         if (outs) { stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); } // chunk q's P starts at q C C = r C
     };
+    use_stage(0);
     stage1(rb);
-    __pipeline_commit();
+    if (NS == 1) { __pipeline_commit(); }
     stage2(rb);
     __pipeline_commit();
+    if (NS == 2) { // and the whole second chunk into buffer 1 (an empty group if there is none)
+        use_stage(1);
+        if (lo + 1 < hi) { stage1(rb + C); stage2(rb + C); }
+        __pipeline_commit();
+    }
     int mt = C / 16, kt = K / 16, lane = threadIdx.x % 32;
-    float* dec = Gl + gw; // gw: the chunk's decay factor (one, or one per state row; 1 for no decay)
     // element-wise work goes by 8 consecutive columns (16-byte accesses): lane l of a warp owning a 16 x 16 tile takes
     // row l / 2, columns (l % 2) * 8 .. + 7
     int tr = lane / 2, tc = (lane % 2) * 8;
@@ -2517,7 +2554,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
     for (int ch = lo; ch < hi; ch++) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch + 1 < hi;
-        __pipeline_wait_prior(1); // this chunk's W, Qg
+        if (NS == 2) { use_stage((ch - lo) % 2); } // (NS = 1: buffer 0 throughout)
+        float* dec = Gl + gw; // the chunk's decay factor (one, or one per state row; 1 for no decay)
+        __pipeline_wait_prior(1); // NS = 1: this chunk's W, Qg; NS = 2: all of this chunk's operands
         __syncthreads();
         // O tile `warp` (if < mt x 2) starts as Qg Sb, in registers; Vt = W Sb on the warps counted from the other end
         bool own = outs && warp < mt * 2;
@@ -2546,10 +2585,12 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
             }
             wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
         }
-        __pipeline_wait_prior(0); // this chunk's U, G_last, Kd and P
+        if (NS == 1) { __pipeline_wait_prior(0); } // this chunk's U, G_last, Kd and P
         __syncthreads();
-        if (more) { stage1(r0 + C); } // W and Qg are free
-        __pipeline_commit();
+        if (NS == 1) {
+            if (more) { stage1(r0 + C); } // W and Qg are free
+            __pipeline_commit();
+        }
         for (int e = threadIdx.x; e < C * SCAN_BV / 8; e += blockDim.x) { // V' = U - W S, rounded once, 8 columns
             int i = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
             const float* vt = Vt + i * SCAN_PADF + c;
@@ -2610,8 +2651,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
             __syncwarp();
             *(uint4*)(O + (r0 + 16 * oi + tr) * V + v0 + 16 * oj + tc) = round8_bf16(ot + tr * SCAN_PADF + tc);
         }
-        __syncthreads(); // U, Kd and P are free
-        if (more) { stage2(r0 + C); }
+        __syncthreads(); // U, Kd and P are free (NS = 2: the whole buffer)
+        if (NS == 1 && more) { stage2(r0 + C); }
+        if (NS == 2 && ch + 2 < hi) { stage1(r0 + 2 * C); stage2(r0 + 2 * C); } // the chunk after next, into this buffer
         __pipeline_commit();
     }
     if (S_final) {
@@ -2627,6 +2669,8 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, 2) state_forward_wmma_ker
 // (ScanGroups) the block walks its group's chunks down from dS_in (the gradient of the state after its last chunk; zero,
 // or the identity with SCAN_IDENT) and leaves the gradient of the state before its first in dS0: per chunk
 // dS <- Aᵀ dS + (Qgᵀ - Wᵀ Pᵀ) dO, the transpose of the forward's step.
+// NS: the stage buffers (ScanStage), as in the forward.
+template <int NS>
 __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const floatX* P,
                                                                       const floatX* dO, const floatX* W, const floatX* Qg,
                                                                       const floatX* Kd, const float* G, const float* dS_in,
@@ -2641,26 +2685,32 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF * 4); // C x 36
     __nv_bfloat16* dSb = (__nv_bfloat16*)p;  p += scan_align((size_t)K * SCAN_PADV * 2); // K x 40
     __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40
-    __nv_bfloat16* Kds = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // staged Kd
-    __nv_bfloat16* Qgs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);        // staged Qg
-    __nv_bfloat16* Ws = (__nv_bfloat16*)p;   p += scan_align((size_t)C * kp * 2);        // staged W
-    __nv_bfloat16* Ps = (__nv_bfloat16*)p;   p += scan_align((size_t)C * (C + 8) * 2);   // staged P (C x C+8)
-    __nv_bfloat16* dOb = (__nv_bfloat16*)p;  p += 2 * scan_align((size_t)C * SCAN_PADV * 2); // staged dO slices (2 x C x 40)
-    float* Gl = (float*)p;                                                               // staged last-row G
+    const ScanStage lay = scan_stage(C, K, gw, scan_nv(1, NS));
+    unsigned char* stages = p;               // NS x lay.bytes: staged W, Kd, Qg (C x kp), dO slice(s) (C x 40), P, G_last
+    __nv_bfloat16 *Ws, *Kds, *Qgs, *Ps, *dOb;
+    float* Gl;
+    auto use_stage = [&](int b) {
+        unsigned char* q = stages + (size_t)b * lay.bytes;
+        Ws = (__nv_bfloat16*)(q + lay.w); Kds = (__nv_bfloat16*)(q + lay.kd); Qgs = (__nv_bfloat16*)(q + lay.qg);
+        dOb = (__nv_bfloat16*)(q + lay.v); Ps = (__nv_bfloat16*)(q + lay.p); Gl = (float*)(q + lay.g);
+    };
     int lp = C + 8;
-    size_t dob = scan_align((size_t)C * SCAN_PADV * 2) / 2; // elements from one dO buffer to the other
+    // NS = 1: the dO slice of chunk ch in slice ch % 2 of the one stage; NS = 2: one slice per stage
+    size_t dob = scan_align((size_t)C * SCAN_PADV * 2) / 2; // elements from one dO slice to the next
+    auto dO_slot = [&](int ch) { return NS == 1 ? (ch % 2) * dob : (size_t)0; };
     for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
         int a = e / SCAN_BV, c = e % SCAN_BV;
         float x = (sg.mode & SCAN_IDENT) ? (a == v0 + c ? 1.0f : 0.0f) : dS_in ? dS_in[((long)blk * K + a) * V + v0 + c] : 0.0f;
         dS[a * SCAN_PADF + c] = x;
         dSb[a * SCAN_PADV + c] = __float2bfloat16(x);
     }
-    // group 1 of a chunk: Kd, P, dO (buffer ch % 2), G_last; group 2: Qg, W (P, dO and Qg only where dO is not zero)
+    // half 1 of a chunk: Kd, P, dO, G_last; half 2: Qg, W (P, dO and Qg only where dO is not zero), into the buffers
+    // use_stage set
     auto stage1 = [&](long r, int ch) {
         stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
         if (!homog) {
             stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r C
-            stage_async(dOb + (ch % 2) * dob, SCAN_PADV * 2, dO + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
+            stage_async(dOb + dO_slot(ch), SCAN_PADV * 2, dO + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
         }
         if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
     };
@@ -2669,12 +2719,17 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
         stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
     };
     long rl = ((long)bh * s.NC + hi - 1) * C;
+    use_stage(0);
     stage1(rl, hi - 1);
-    __pipeline_commit();
+    if (NS == 1) { __pipeline_commit(); }
     stage2(rl);
     __pipeline_commit();
+    if (NS == 2) { // and the whole chunk before it into buffer 1 (an empty group if there is none)
+        use_stage(1);
+        if (hi - 2 >= lo) { stage1(rl - C, hi - 2); stage2(rl - C); }
+        __pipeline_commit();
+    }
     int mt = C / 16, kt = K / 16, lane = threadIdx.x % 32;
-    float* dec = Gl + gw; // gw: the chunk's decay factor (one, or one per state row; 1 for no decay)
     // as in the forward: the warp owning a 16 x 16 tile takes row lane / 2, columns (lane % 2) * 8 .. + 7 of it
     int tr = lane / 2, tc = (lane % 2) * 8;
     __syncthreads(); // dSb is complete
@@ -2685,8 +2740,10 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     for (int ch = hi - 1; ch >= lo; ch--) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch > lo;
-        const __nv_bfloat16* dOs = dOb + (ch % 2) * dob;
-        __pipeline_wait_prior(1); // this chunk's Kd, P, dO, G_last
+        if (NS == 2) { use_stage((hi - 1 - ch) % 2); }
+        float* dec = Gl + gw; // the chunk's decay factor (one, or one per state row; 1 for no decay)
+        const __nv_bfloat16* dOs = dOb + dO_slot(ch);
+        __pipeline_wait_prior(1); // NS = 1: this chunk's Kd, P, dO, G_last; NS = 2: all of this chunk's operands
         __syncthreads();
         // dV' = Pᵀ dO + Kd dSb: (C x C)(C x 32) + (C x K)(K x 32); the owning warp rounds its tile into Vb and dVn
         for (int t = warp; t < mt * 2; t += SCAN_WARPS_BWD) {
@@ -2715,10 +2772,12 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             if (outs) { *(uint4*)(dVn + (r0 + row) * V + v0 + c) = o; }
         }
         for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
-        __pipeline_wait_prior(0); // this chunk's Qg, W
+        if (NS == 1) { __pipeline_wait_prior(0); } // this chunk's Qg, W
         __syncthreads();
-        if (more) { stage1(r0 - C, ch - 1); } // Kd, P, G_last and the other dO buffer are free now
-        __pipeline_commit();
+        if (NS == 1) {
+            if (more) { stage1(r0 - C, ch - 1); } // Kd, P, G_last and the other dO slice are free now
+            __pipeline_commit();
+        }
         if (gw > 1) { // channel decay: scale the rows of dS here (a WMMA fragment does not say which row an element is)
             for (int e = threadIdx.x; e < K * SCAN_BV / 4; e += blockDim.x) {
                 int a = e / (SCAN_BV / 4), c = e % (SCAN_BV / 4) * 4;
@@ -2758,8 +2817,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             *(uint4*)(dSb + a * SCAN_PADV + c) = o;
             if (outs && more) { *(uint4*)(dhstate + ((q - 1) * K + a) * V + v0 + c) = o; }
         }
-        __syncthreads(); // Qg and W are free
-        if (more) { stage2(r0 - C); }
+        __syncthreads(); // Qg and W are free (NS = 2: the whole buffer)
+        if (NS == 1 && more) { stage2(r0 - C); }
+        if (NS == 2 && ch - 2 >= lo) { stage1(r0 - 2 * C, ch - 2); stage2(r0 - 2 * C); } // the chunk before the next
         __pipeline_commit();
     }
     if (dS0) {
@@ -2803,22 +2863,17 @@ __global__ void scan_groups_combine_kernel(float* Xst, float* X_end, const float
     }
 }
 
-static size_t smem_scan_wmma(const ChunkShape& s);
+// the scans' shared memory with ns stage buffers (ScanStage); smem_scan_wmma: the larger direction's
+static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward, int ns) {
+    int gw = s.gk ? s.gk : 1;
+    return scan_fixed_bytes(s.C, s.K) + ns * scan_stage(s.C, s.K, gw, scan_nv(backward, ns)).bytes;
+}
+static size_t smem_scan_wmma(const ChunkShape& s, int ns) { return std::max(smem_scan_wmma_dir(s, 0, ns), smem_scan_wmma_dir(s, 1, ns)); }
 static int scan_force_simt = 0; // the kernel lab sets it to time and check the fp32 SIMT scans in the bf16 build
 static bool scan_uses_wmma(const ChunkShape& s) {
     return !scan_force_simt && s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 &&
-           smem_scan_wmma(s) + 1024 <= (size_t)smem_optin;
+           smem_scan_wmma(s, 1) + 1024 <= (size_t)smem_optin;
 }
-// the scans' shared memory (the layouts at the top of the kernels); smem_scan_wmma: the larger one
-static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward) {
-    size_t K = s.K, C = s.C, kp = SCAN_PADK(s.K), gw = s.gk ? s.gk : 1;
-    size_t base = scan_align(K * SCAN_PADF * 4) + scan_align(C * SCAN_PADF * 4) + scan_align(K * SCAN_PADV * 2) + scan_align(C * SCAN_PADV * 2);
-    if (!backward) {
-        return base + 3 * scan_align(C * kp * 2) + scan_align(C * SCAN_PADV * 2) + scan_align(C * (C + 8) * 2) + 2 * gw * 4;
-    }
-    return base + 3 * scan_align(C * kp * 2) + scan_align(C * (C + 8) * 2) + 2 * scan_align(C * SCAN_PADV * 2) + 2 * gw * 4;
-}
-static size_t smem_scan_wmma(const ChunkShape& s) { return std::max(smem_scan_wmma_dir(s, 0), smem_scan_wmma_dir(s, 1)); }
 
 // Channel-decay scores on tensor cores (bf16 build; the fp32 build keeps the exact FMA kernels above, which remain the
 // reference for these). Same decomposition into 16-token sub-blocks, but the off-diagonal sub-block pairs (I > J) are
@@ -3682,8 +3737,10 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(scores_channel_dkt_tc_kernel, optin);
     allow_dynamic_smem(scores_scalar_tc_kernel, optin);
     allow_dynamic_smem(bwd_scores_scalar_tc_kernel, optin);
-    allow_dynamic_smem(state_forward_wmma_kernel, optin);
-    allow_dynamic_smem(state_backward_wmma_kernel, optin);
+    allow_dynamic_smem(state_forward_wmma_kernel<1>, optin);
+    allow_dynamic_smem(state_forward_wmma_kernel<2>, optin);
+    allow_dynamic_smem(state_backward_wmma_kernel<1>, optin);
+    allow_dynamic_smem(state_backward_wmma_kernel<2>, optin);
     allow_dynamic_smem(scan_groups_combine_kernel, optin);
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
@@ -3708,6 +3765,7 @@ static bool scores_scalar_fused(const ChunkShape& s) {
 struct MixerPlan {
     bool scan_wmma;     // tensor-core state scans that also make O (forward) and Pᵀ dO (backward); else SIMT + GEMMs
     int scan_groups;    // chunk groups of the two-level scans (1: the sequential scan; ScanGroups)
+    int scan_stages;    // the tensor-core scans' stage buffers (ScanStage): 1, or 2 for few blocks on long chains
     bool scores_fused;  // scalar / no decay: scores + (I + A)^-1 in one tensor-core kernel, and one for the backward
     bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
     bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
@@ -3728,13 +3786,26 @@ static int scan_groups_for(const ChunkShape& s) {
     int M = cdiv(s.NC, G);
     return cdiv(s.NC, M); // no empty group
 }
+// Two stage buffers where the scan has fewer blocks than two per multiprocessor (one sequence, few heads: each block
+// walks a long chain, and the one-stage kernel leaves the loads' latency on it) and they fit (K <= 128 at chunk 64).
+// SCAN_STAGES_DEFAULT is 0 until dev/cuda/delta_chunk's v4 has been validated and timed on a GPU (written 2026-12-03
+// without one); scan_stages_force (the kernel lab): 1 or 2 whatever the rule says, where they fit.
+#define SCAN_STAGES_DEFAULT 0
+static int scan_stages_force = 0;
+static int scan_stages_for(const ChunkShape& s, int groups) {
+    bool fits = smem_scan_wmma(s, 2) + 1024 <= (size_t)smem_optin;
+    if (scan_stages_force) { return scan_stages_force == 2 && fits ? 2 : 1; }
+    int blocks = s.B * s.H * (s.V / SCAN_BV) * groups;
+    return SCAN_STAGES_DEFAULT && fits && blocks < 2 * num_sms ? 2 : 1;
+}
 #endif
 static MixerPlan mixer_plan(const ChunkShape& s) {
     MixerPlan p{};
     p.scan_groups = 1;
+    p.scan_stages = 1;
 #ifndef ENABLE_FP32 // the fp32 build runs the exact SIMT / FMA kernels everywhere
     p.scan_wmma = scan_uses_wmma(s);
-    if (p.scan_wmma) { p.scan_groups = scan_groups_for(s); }
+    if (p.scan_wmma) { p.scan_groups = scan_groups_for(s); p.scan_stages = scan_stages_for(s, p.scan_groups); }
     p.scores_fused = scores_scalar_fused(s);
     p.scores_tc = scores_use_tc(s);
 #endif
@@ -3754,6 +3825,7 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
                                                     : "SIMT fp32 state scans + batched GEMMs",
              p.scan_groups > 1 ? ", two-level" : "");
     if (p.scan_groups > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), " in %d chunk groups", p.scan_groups); }
+    if (p.scan_stages > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", next chunk staged whole"); }
     printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, pad, s.C, scan, scores,
            p.finish_rows ? "a warp per row" : "a block per chunk");
 }
@@ -3761,11 +3833,13 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
 #ifndef ENABLE_FP32
 // The tensor-core scans over all chunks: sequential (ng = 1) or two-level in ng chunk groups (ScanGroups): the groups'
 // B and transitions, their start states, then every group's scan from its start state with the outputs.
-static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0, float* S_final, const ChunkShape& s, int ng) {
-    size_t sm = smem_scan_wmma_dir(s, 0);
+static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0, float* S_final, const ChunkShape& s, int ng,
+                               int ns) {
+    size_t sm = smem_scan_wmma_dir(s, 0, ns);
+    auto scan_kernel = ns == 2 ? state_forward_wmma_kernel<2> : state_forward_wmma_kernel<1>;
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_FWD, K = s.K, V = s.V;
     if (ng <= 1) {
-        state_forward_wmma_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
+        scan_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
             sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, S0, S_final, s, SCAN_SEQ);
         cudaCheck(cudaGetLastError());
         return;
@@ -3773,22 +3847,24 @@ static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0
     int M = cdiv(s.NC, ng);
     ChunkShape sk = s;
     sk.V = K; // the transition's scan: a K x K state
-    state_forward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, sc->W, sc->U, sc->Kd, nullptr, nullptr, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
-    state_forward_wmma_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, sc->W, nullptr, sc->Kd, nullptr, nullptr, sv->G, nullptr, sc->gT, sk,
         ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
     scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
         sc->gS, S_final, sc->gT, sc->gB, S0, ng, K, V, 0);
-    state_forward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
         sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
     cudaCheck(cudaGetLastError());
 }
-static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const floatX* dO, const ChunkShape& s, int ng) {
-    size_t sm = smem_scan_wmma_dir(s, 1);
+static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const floatX* dO, const ChunkShape& s, int ng,
+                                int ns) {
+    size_t sm = smem_scan_wmma_dir(s, 1, ns);
+    auto scan_kernel = ns == 2 ? state_backward_wmma_kernel<2> : state_backward_wmma_kernel<1>;
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_BWD, K = s.K, V = s.V;
     if (ng <= 1) {
-        state_backward_wmma_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
+        scan_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
             sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, nullptr, s, SCAN_SEQ);
         cudaCheck(cudaGetLastError());
         return;
@@ -3796,14 +3872,14 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
     int M = cdiv(s.NC, ng);
     ChunkShape sk = s;
     sk.V = K;
-    state_backward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
         nullptr, nullptr, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
-    state_backward_wmma_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, nullptr, sc->W, nullptr, sc->Kd, sv->G, nullptr, sc->gT, sk,
         ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
     scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
         sc->gS, nullptr, sc->gT, sc->gB, nullptr, ng, K, V, 1);
-    state_backward_wmma_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
         sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
     cudaCheck(cudaGetLastError());
 }
@@ -3866,7 +3942,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     {
     PROF("mixer.fwd.scan");
 #ifndef ENABLE_FP32
-    if (o_done) { state_forward_wmma(sv, sc, S0, S_final, s, p.scan_groups); } else
+    if (o_done) { state_forward_wmma(sv, sc, S0, S_final, s, p.scan_groups, p.scan_stages); } else
 #endif
     state_forward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_fwd(s), main_stream>>>(
         sv->hstate, sv->Vn, sc->W, sc->U, sc->Kd, sv->G, S0, S_final, s);
@@ -3906,7 +3982,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     {
     PROF("mixer.bwd.scan");
 #ifndef ENABLE_FP32
-    if (wmma_scan) { state_backward_wmma(sc, sv, dO, s, p.scan_groups); } else
+    if (wmma_scan) { state_backward_wmma(sc, sv, dO, s, p.scan_groups, p.scan_stages); } else
 #endif
     state_backward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_bwd(s), main_stream>>>(
         sc->dhstate, sc->dVn, sc->dVloc, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, s);
@@ -6040,6 +6116,10 @@ int main(int argc, char** argv) {
         }
     }
     prof_on = getenv("PDN_PROFILE") && atoi(getenv("PDN_PROFILE")) != 0;
+#ifndef ENABLE_FP32
+    // a kernel-plan experiment without a rebuild: PDN_SCAN_STAGES=1|2 forces the scans' stage buffers (MixerPlan)
+    if (getenv("PDN_SCAN_STAGES")) { scan_stages_force = atoi(getenv("PDN_SCAN_STAGES")); }
+#endif
 
     Trainer tr;
     tr.tc = &tc;

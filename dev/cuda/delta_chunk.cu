@@ -19,8 +19,15 @@ Versions (everything else is the trainer's code):
       in parallel, the groups' start states composed in fp32 (scan_groups_combine_kernel), then each group's scan from
       its start state with the outputs. Validation forces groups of 2 chunks (the last one shorter where NC is odd);
       the timing takes the trainer's rule (two blocks per multiprocessor, >= 4 chunks a group: 9 groups at B=1 H=8).
-      Written 2026-12-01 after the device time ran out: compiled, NOT yet run on a GPU. The trainer keeps the
-      sequential scan (SCAN_GROUPS_DEFAULT 0) until this version passes.
+      On the H200 (2026-12-02) correct but slower than v2 at every length: the trainer keeps the sequential scan
+      (SCAN_GROUPS_DEFAULT 0).
+  v4  v2 with two stage buffers in the state scans (MixerPlan.scan_stages = 2, ScanStage in train_pdn.cu): all of
+      the next chunk's operands are staged while this chunk runs (one block per multiprocessor), instead of its two
+      halves at two points of this chunk (two blocks per multiprocessor). The arithmetic is v2's, so its outputs
+      must equal v2's bit for bit (checked when both run) besides the reference. Written 2026-12-03 without a GPU:
+      compiled, NOT yet run. The trainer keeps one stage (SCAN_STAGES_DEFAULT 0) until this version has been
+      validated and timed; the timing adds the training micro-batch B=16 T=2048 (512 scan blocks) to say where two
+      stages pay.
 The trainer picks inside delta_chunk_forward/backward with those tests; the lab forces v1 by making them fail
 (scan_force_simt, scores_force_fma) and checks which path was taken.
 
@@ -60,10 +67,10 @@ Exit code: 0 if every check passed, 1 if any failed.
 #define NVERSIONS 1
 static const double TOL = 1e-4;
 #else
-#define NVERSIONS 3
+#define NVERSIONS 4
 static const double TOL = 2e-2;
 #endif
-static const char* VERSION_NAME[4] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans"};
+static const char* VERSION_NAME[5] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans"};
 #ifndef ENABLE_FP32
 static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of 2 chunks, timing the trainer's rule (-1)
 #endif
@@ -77,12 +84,15 @@ static bool select_version(int v, const ChunkShape& s) {
     (void)s;
     return v == 1;
 #else
-    scan_force_simt = v == 1; // v1: the SIMT scans and unfused scores, v2: the tensor-core ones, v3: v2 in chunk groups
-    scores_force_fma = v == 1;
+    scan_force_simt = v == 1; // v1: the SIMT scans and unfused scores, v2: the tensor-core ones, v3: v2 in chunk groups,
+    scores_force_fma = v == 1; // v4: v2 with two stage buffers
     scan_groups_force = v == 3 ? lab_groups : 0;
+    scan_stages_force = v == 4 ? 2 : 1;
     bool w = scan_uses_wmma(s) && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
-    if (v == 3) { return w && mixer_plan(s).scan_groups > 1; }
-    return v == 1 ? !w : (w && mixer_plan(s).scan_groups == 1);
+    MixerPlan p = mixer_plan(s);
+    if (v == 3) { return w && p.scan_groups > 1; }
+    if (v == 4) { return w && p.scan_groups == 1 && p.scan_stages == 2; }
+    return v == 1 ? !w : (w && p.scan_groups == 1);
 #endif
 }
 
@@ -312,6 +322,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
     cudaCheck(cudaMemcpy(d.beta, h.beta.data(), rows * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d.g, h.g.data(), h.g.size() * sizeof(float), cudaMemcpyHostToDevice));
     const floatX* kt = two_keys ? d.kt : d.k;
+    std::vector<float> out_v2; // v2's outputs, for v4's bit-for-bit check
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
         char tag[96];
@@ -347,6 +358,20 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
         cmp("dv", d.dv, V, r.dv, TOL);
         cmp("dbeta", d.dbeta, 1, r.dbeta, TOL);
         if (gk) { cmp("dg", d.dg, h.gw, r.dg, TOL); }
+        if (v == 2 || v == 4) { // every output, as stored (o floatX, the gradients fp32)
+            std::vector<float> all = lab_download_x(d.sv.O, rows * V);
+            auto add = [&](const float* dev, size_t n) { std::vector<float> x = lab_download(dev, n); all.insert(all.end(), x.begin(), x.end()); };
+            add(d.dq, rows * K); add(d.dk, rows * K); add(d.dv, rows * V); add(d.dbeta, rows);
+            if (two_keys) { add(d.dkt, rows * K); }
+            if (gk) { add(d.dg, h.g.size()); }
+            if (v == 2) { out_v2 = all; }
+            else if (!out_v2.empty()) {
+                long bad = 0;
+                for (size_t i = 0; i < all.size(); i++) { bad += memcmp(&all[i], &out_v2[i], sizeof(float)) != 0; }
+                snprintf(what, sizeof what, "%s = v2 bit for bit (o, dq, dk, dkt, dv, dbeta, dg)", tag);
+                lab_check_exact(what, bad, (long)all.size());
+            }
+        }
     }
     d.ar.release();
 }
@@ -358,9 +383,10 @@ static void bench(int version_sel) {
 #ifndef ENABLE_FP32
     lab_groups = -1; // v3: the trainer's rule
 #endif
-    const int B = 1, H = 8, K = 128, V = 128, TMAX = 16384;
-    const int Ts[4] = {2048, 4096, 8192, 16384};
-    ChunkShape smax{B, H, TMAX, TMAX, CHUNK, TMAX / CHUNK, K, V, K, (long)B * H * (TMAX / CHUNK)};
+    // the paper's Fig. 4 (one sequence, T = 2048 ... 16384), then the training micro-batch 16 x 2048 (512 scan blocks)
+    const int H = 8, K = 128, V = 128, NSH = 5;
+    const int Bs[NSH] = {1, 1, 1, 1, 16}, Ts[NSH] = {2048, 4096, 8192, 16384, 2048};
+    ChunkShape smax{2, H, 16384, 16384, CHUNK, 16384 / CHUNK, K, V, K, (long)2 * H * (16384 / CHUNK)}; // as many rows
     DeltaDev d{};
     delta_dev_alloc(d, smax, 1);
     long rows = smax.nq * CHUNK;
@@ -379,20 +405,25 @@ static void bench(int version_sel) {
     cudaCheck(cudaDeviceSynchronize());
     struct Var { const char* name; int gk, precond; };
     const Var vars[6] = {{"dn", 0, 0}, {"pdn", 0, 1}, {"gdn", 1, 0}, {"pgdn", 1, 1}, {"kda", K, 0}, {"pkda", K, 1}};
-    printf("\n=== timing: delta_chunk (%s), B=%d H=%d K=V=%d chunk %d; p*: + diagonal preconditioner scan ===\n",
-           PRECISION_NAME, B, H, K, CHUNK);
-    printf("%-14s %-6s %6s %10s %12s %14s\n", "version", "variant", "T", "fwd ms", "fwd+bwd ms", "fwd+bwd Mtok/s");
+    printf("\n=== timing: delta_chunk (%s), H=%d K=V=%d chunk %d; p*: + diagonal preconditioner scan ===\n",
+           PRECISION_NAME, H, K, CHUNK);
+    printf("%-18s %-6s %4s %6s %10s %12s %14s\n", "version", "variant", "B", "T", "fwd ms", "fwd+bwd ms", "fwd+bwd Mtok/s");
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
         for (const Var& var : vars) {
-            for (int T : Ts) {
+            for (int i = 0; i < NSH; i++) {
+                int B = Bs[i], T = Ts[i];
                 ChunkShape s{B, H, T, T, CHUNK, T / CHUNK, K, V, var.gk, (long)B * H * (T / CHUNK)};
-                if (!select_version(v, s)) { printf("%-14s %-6s %6d   (does not run at this shape)\n", VERSION_NAME[v], var.name, T); continue; }
+                if (!select_version(v, s)) {
+                    printf("%-18s %-6s %4d %6d   (does not run at this shape)\n", VERSION_NAME[v], var.name, B, T);
+                    continue;
+                }
                 const floatX* kt = var.precond ? d.kt : d.k;
                 auto fwd = [&] { delta_forward(d, s, kt, var.precond); };
                 auto fwdbwd = [&] { delta_forward(d, s, kt, var.precond); delta_backward(d, s, kt, !var.precond, var.precond); };
                 double tf = bench_ms(fwd), tfb = bench_ms(fwdbwd);
-                printf("%-14s %-6s %6d %10.3f %12.3f %14.2f\n", VERSION_NAME[v], var.name, T, tf, tfb, (double)B * T / tfb / 1e3);
+                printf("%-18s %-6s %4d %6d %10.3f %12.3f %14.2f\n", VERSION_NAME[v], var.name, B, T, tf, tfb,
+                       (double)B * T / tfb / 1e3);
                 fflush(stdout);
             }
         }
