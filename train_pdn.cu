@@ -3959,15 +3959,17 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
 
 // Backward of the mixer core from dO (hm floatX, zero in padded rows). Writes (not accumulates) dq, dkh, dkt,
 // dv (hm fp32), dbeta (rows), dg (rows, gw; if gk). fold_kt: no preconditioner, so k̃ = k̂ and dkh gets dkt too
-// (dkt is then not written).
+// (dkt is then not written). remake: make the forward's W, U, Qg, Kd again; 0 when the scratch still holds this
+// layer's (its forward was the last to run: the last layer, or every layer under --recompute 1).
 static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg, MixerScratch* sc,
                                  const MixerSaved* sv, const floatX* dO, const floatX* Q, const floatX* Kh, const floatX* Kt,
-                                 const floatX* Vv, const float* beta, const float* g, int fold_kt, const ChunkShape& s) {
+                                 const floatX* Vv, const float* beta, const float* g, int fold_kt, int remake,
+                                 const ChunkShape& s) {
     int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V, rows = s.nq * C;
     int nq = (int)s.nq;
     MixerPlan p = mixer_plan(s);
-    {
+    if (remake) {
     PROF("mixer.bwd.prep");
     // the forward's W, U, Qg, Kd again (other layers' forwards have used the scratch since); G is rewritten with the
     // values it holds
@@ -5717,7 +5719,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         }
         }
         delta_chunk_backward(g.dq, g.dkh, g.dkt, g.dv, g.dbeta, gk ? g.dg : nullptr, &a->sc, &la.mx, g.dO_x, la.qn, la.kn,
-                             la.kt, la.v, la.beta, la.g, c->precond == PRECOND_NONE, a->cs);
+                             la.kt, la.v, la.beta, la.g, c->precond == PRECOND_NONE, !fresh, a->cs);
         { PROF("bwd.precond");
         if (c->precond == PRECOND_DIAG) {
             PrecondBufs pb = a->sc.pc;

@@ -276,7 +276,7 @@ static void delta_forward(DeltaDev& d, const ChunkShape& s, const floatX* kt, in
 // fold = one key (k̃ = k̂): dk gets dkt too, as the trainer does without a preconditioner
 static void delta_backward(DeltaDev& d, const ChunkShape& s, const floatX* kt, int fold, int precond) {
     delta_chunk_backward(d.dq, d.dk, d.dkt, d.dv, d.dbeta, s.gk ? d.dg : nullptr, &d.sc, &d.sv, d.dO, d.q, d.k, kt, d.v,
-                         d.beta, s.gk ? d.g : nullptr, fold, s);
+                         d.beta, s.gk ? d.g : nullptr, fold, 1, s);
     if (precond) {
         lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
     }
