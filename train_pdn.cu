@@ -2663,6 +2663,72 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
     }
 }
 
+// The forward scan's V' and O made again for the backward from the kept chunk states (hstate is the bf16 state Sb
+// each chunk started from) and the remade W, U, Qg: every chunk at once, one block per (32-column slice, chunk), a
+// warp per 16 x 16 tile. The WMMA products, their order and the roundings are the scan's: V' = bf16(U - W Sb),
+// O = bf16(Qg Sb + P V'), so both equal the forward's bit for bit (the kernel lab checks it) and need not be kept per
+// layer (2 x 64 MiB a layer at pgdn-340m 16 x 2048).
+static size_t smem_state_outputs(int C) { return scan_align((size_t)C * SCAN_PADF * 4) + (size_t)C * SCAN_PADV * 2; }
+__global__ void __launch_bounds__(256) state_outputs_wmma_kernel(floatX* Vn, floatX* O, const floatX* hstate, const floatX* W,
+                                                                const floatX* U, const floatX* Qg, const floatX* P,
+                                                                ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    float* Vt = (float*)smem_raw;                                                   // C x 36 fp32: W Sb, then O
+    __nv_bfloat16* Vb = (__nv_bfloat16*)(smem_raw + scan_align((size_t)s.C * SCAN_PADF * 4)); // C x 40: V'
+    int C = s.C, K = s.K, V = s.V, mt = C / 16, kt = K / 16, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    int lane = threadIdx.x % 32, tr = lane / 2, tc = (lane % 2) * 8; // a lane's row and 8 columns of a 16 x 16 tile
+    long q = blockIdx.y, r0 = q * C;
+    int v0 = blockIdx.x * SCAN_BV;
+    const floatX* Sb = hstate + q * K * V + v0; // (K, 32), row stride V
+    for (int t = warp; t < mt * 2; t += nw) { // V' tiles
+        int i = t / 2, j = t % 2;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int k = 0; k < kt; k++) {
+            FragA fa;
+            FragB fb;
+            wmma::load_matrix_sync(fa, W + (r0 + 16 * i) * K + 16 * k, K);
+            wmma::load_matrix_sync(fb, Sb + (long)16 * k * V + 16 * j, V);
+            wmma::mma_sync(acc, fa, fb, acc);
+        }
+        float* vt = Vt + 16 * i * SCAN_PADF + 16 * j;
+        wmma::store_matrix_sync(vt, acc, SCAN_PADF, wmma::mem_row_major);
+        __syncwarp();
+        int a = 16 * i + tr, c = 16 * j + tc;
+        uint4 u = *(const uint4*)(U + (r0 + a) * V + v0 + c), o;
+        const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
+        __nv_bfloat16* ob = (__nv_bfloat16*)&o;
+        #pragma unroll
+        for (int e = 0; e < 8; e++) { ob[e] = __float2bfloat16(__bfloat162float(ub[e]) - vt[tr * SCAN_PADF + tc + e]); }
+        *(uint4*)(Vb + a * SCAN_PADV + c) = o;
+        *(uint4*)(Vn + (r0 + a) * V + v0 + c) = o;
+    }
+    __syncthreads(); // every V' tile is in Vb; Vt is free
+    for (int t = warp; t < mt * 2; t += nw) { // O tiles: Qg Sb, then P V' (P lower with diagonal: blocks k <= oi)
+        int oi = t / 2, oj = t % 2;
+        FragC oacc;
+        wmma::fill_fragment(oacc, 0.0f);
+        for (int k = 0; k < kt; k++) {
+            FragA fa;
+            FragB fb;
+            wmma::load_matrix_sync(fa, Qg + (r0 + 16 * oi) * K + 16 * k, K);
+            wmma::load_matrix_sync(fb, Sb + (long)16 * k * V + 16 * oj, V);
+            wmma::mma_sync(oacc, fa, fb, oacc);
+        }
+        for (int k = 0; k <= oi; k++) {
+            FragA fa;
+            FragB fb;
+            wmma::load_matrix_sync(fa, P + (r0 + 16 * oi) * C + 16 * k, C); // chunk q's P starts at q C C = r0 C
+            wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * oj, SCAN_PADV);
+            wmma::mma_sync(oacc, fa, fb, oacc);
+        }
+        float* ot = Vt + 16 * oi * SCAN_PADF + 16 * oj;
+        wmma::store_matrix_sync(ot, oacc, SCAN_PADF, wmma::mem_row_major);
+        __syncwarp();
+        *(uint4*)(O + (r0 + 16 * oi + tr) * V + v0 + 16 * oj + tc) = round8_bf16(ot + tr * SCAN_PADF + tc);
+    }
+}
+
 // backward scan on tensor cores: dhstate[c] = dS; dV' = Pᵀ dO + Kd dS; dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'. The local
 // part Pᵀ dO is made here from the staged P and dO slice (no batched GEMM and fp32 round trip before the scan); dO is
 // double-buffered because the next chunk's copy starts while this chunk's dS update still reads it. With chunk groups
@@ -3060,7 +3126,7 @@ __global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX
         int i = e / C, j = e % C;
         float E = (s.gk && j <= i) ? expf(gs[i] - gs[j]) : 1.0f; // never above the diagonal: overflow
         float m = j < i ? Ms[i * ld + j] * E : 0.0f;
-        Mk[o0 + e] = m;
+        if (Mk) { Mk[o0 + e] = m; } // the trainer's backward makes it again (bwd_scores_scalar_tc_kernel)
         P[o0 + e] = fromf<floatX>(j <= i ? Ps[i * ld + j] * E : 0.0f);
         Ms[i * ld + j] = bs[i] * m; // in place: each element is read and written by its own thread
     }
@@ -3072,17 +3138,20 @@ __global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX
 // Its backward on tensor cores: the masked dPm = dP ⊙ E (lower with diagonal) and dMm = beta_i dA ⊙ E (strictly
 // lower) in bf16 shared memory (as the unfused path rounds them for its GEMMs), dbetaA_i = Σ_j dA_ij Mk_ij, then
 // dq_s = dPm K̃, dk̂_s = dMm K̃, dk̃_s = dPmᵀ Q̂ + dMmᵀ K̂ as WMMA tiles over the nonzero blocks, stored straight to
-// global memory. Replaces the mask kernel and four batched GEMMs with their bf16 round trips.
+// global memory. Replaces the mask kernel and four batched GEMMs with their bf16 round trips. Mk is made again here
+// from the staged k̂, k̃ with the forward's products and mask (bit for bit), not kept per layer (64 MiB a layer at
+// pgdn-340m 16 x 2048).
 #define SB_LC(C) ((C) + 8)
 static __host__ __device__ size_t smem_bwd_scores_scalar_tc(int C, int K) {
-    return 3 * scan_align((size_t)C * SCAN_PADK(K) * 2) + 2 * scan_align((size_t)C * SB_LC(C) * 2) + (size_t)C * 4;
+    return 3 * scan_align((size_t)C * SCAN_PADK(K) * 2) + 2 * scan_align((size_t)C * SB_LC(C) * 2) +
+           scan_align((size_t)C * SS_LD(C) * 4) + (size_t)C * 4;
 }
 __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, float* dkh_s, float* dkt_s, float* dbetaA,
-                                                                  const float* dP, const float* dA, const float* Mk,
+                                                                  const float* dP, const float* dA,
                                                                   const floatX* Q, const floatX* Kh, const floatX* Kt,
                                                                   const float* G, const float* beta, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    int C = s.C, K = s.K, kp = SCAN_PADK(K), lc = SB_LC(C), nb = C / 16, kt = K / 16;
+    int C = s.C, K = s.K, kp = SCAN_PADK(K), lc = SB_LC(C), ld = SS_LD(C), nb = C / 16, kt = K / 16;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     unsigned char* p = smem_raw;
     __nv_bfloat16* Qs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);  // C x kp staged q̂
@@ -3090,6 +3159,7 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
     __nv_bfloat16* Kts = (__nv_bfloat16*)p; p += scan_align((size_t)C * kp * 2);  // C x kp staged k̃
     __nv_bfloat16* dPx = (__nv_bfloat16*)p; p += scan_align((size_t)C * lc * 2);  // C x lc dPm
     __nv_bfloat16* dMx = (__nv_bfloat16*)p; p += scan_align((size_t)C * lc * 2);  // C x lc dMm
+    float* Ms = (float*)p;                  p += scan_align((size_t)C * ld * 4);  // C x ld K̂K̃ᵀ (lower tiles)
     float* gs = (float*)p;                                                        // C: G of the chunk
     long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
     stage_async(Qs, kp * 2, Q + r0 * K, (long)K * 2, C, K * 2);
@@ -3097,6 +3167,24 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
     stage_async(Kts, kp * 2, Kt + r0 * K, (long)K * 2, C, K * 2);
     __pipeline_commit();
     for (int i = threadIdx.x; i < C; i += blockDim.x) { gs[i] = s.gk ? G[r0 + i] : 0.0f; }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    int nlow = nb * (nb + 1) / 2; // K̂K̃ᵀ's tiles I >= J, as scores_scalar_tc_kernel makes them
+    for (int t = warp; t < nlow; t += nw) {
+        int I = 0;
+        while ((I + 1) * (I + 2) / 2 <= t) { I++; }
+        int J = t - I * (I + 1) / 2;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int k = 0; k < kt; k++) {
+            FragA a;
+            FragBT b;
+            wmma::load_matrix_sync(a, Khs + 16 * I * kp + 16 * k, kp);
+            wmma::load_matrix_sync(b, Kts + 16 * J * kp + 16 * k, kp);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(Ms + 16 * I * ld + 16 * J, acc, ld, wmma::mem_row_major);
+    }
     __syncthreads();
     for (int i = warp; i < C; i += nw) { // a warp per row, lanes over j: the same order of the dbetaA sum as the mask kernel
         float b = beta[r0 + i], db = 0.0f;
@@ -3105,13 +3193,13 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
             float E = (s.gk && j <= i) ? expf(gs[i] - gs[j]) : 1.0f; // never above the diagonal: overflow
             dPx[i * lc + j] = __float2bfloat16(j <= i ? dP[e] * E : 0.0f);
             float da = j < i ? dA[e] : 0.0f;
-            db += da * Mk[e];
+            float mk = j < i ? Ms[i * ld + j] * E : 0.0f; // the forward's Mk (only tiles I >= J were made)
+            db += da * mk;
             dMx[i * lc + j] = __float2bfloat16(b * da * E);
         }
         db = warp_sum(db);
         if (lane == 0) { dbetaA[r0 + i] = db; }
     }
-    __pipeline_wait_prior(0);
     __syncthreads();
     int ntile = nb * kt; // output tiles (16 rows x 16 channels) of each of the three products
     for (int t = warp; t < 3 * ntile; t += nw) {
@@ -3893,6 +3981,24 @@ static void mixer_wy(MixerScratch* sc, const MixerSaved* sv, const ChunkShape& s
     bgemm(false, false, C, V, C, sv->Tx, C, CC, sc->Y, V, CV, sc->U, false, V, CV, (int)s.nq, 1.0f, 0.0f);
 }
 
+// What the mixer's backward reads from the scratch, made again for a layer whose forward is no longer the last one
+// run (bit for bit the forward's): W, U, Qg, Kd (chunk_prep, G rewritten with the values it holds, and two batched
+// GEMMs) from the kept Tx and G, and with the tensor-core scans V' and O from the kept chunk states. The trainer
+// calls it before the layer's output-norm backward, which reads O.
+static void mixer_remake(MixerSaved* sv, MixerScratch* sc, const floatX* Q, const floatX* Kh, const floatX* Kt,
+                         const floatX* Vv, const float* beta, const float* g, const ChunkShape& s) {
+    PROF("mixer.remake");
+    chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
+    mixer_wy(sc, sv, s);
+#ifndef ENABLE_FP32
+    if (mixer_plan(s).scan_wmma) {
+        state_outputs_wmma_kernel<<<dim3(s.V / SCAN_BV, (unsigned)s.nq), 256, smem_state_outputs(s.C), main_stream>>>(
+            sv->Vn, sv->O, sv->hstate, sc->W, sc->U, sc->Qg, sv->P, s);
+        cudaCheck(cudaGetLastError());
+    }
+#endif
+}
+
 // Forward of the mixer core: Q (q̂ scaled), Kh (k̂), Kt (k̃), Vv, beta, g (null without decay) -> sv->O (and the
 // tensors the backward needs). S0 / S_final (B,H,K,V fp32) optional (generation).
 static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* Q, const floatX* Kh, const floatX* Kt,
@@ -3959,23 +4065,15 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
 
 // Backward of the mixer core from dO (hm floatX, zero in padded rows). Writes (not accumulates) dq, dkh, dkt,
 // dv (hm fp32), dbeta (rows), dg (rows, gw; if gk). fold_kt: no preconditioner, so k̃ = k̂ and dkh gets dkt too
-// (dkt is then not written). remake: make the forward's W, U, Qg, Kd again; 0 when the scratch still holds this
-// layer's (its forward was the last to run: the last layer, or every layer under --recompute 1).
+// (dkt is then not written). Reads the forward's W, U, Qg, Kd (and, with the tensor-core scans, V' and O) from the
+// scratch: after other layers' forwards, mixer_remake makes them again first.
 static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg, MixerScratch* sc,
                                  const MixerSaved* sv, const floatX* dO, const floatX* Q, const floatX* Kh, const floatX* Kt,
-                                 const floatX* Vv, const float* beta, const float* g, int fold_kt, int remake,
-                                 const ChunkShape& s) {
+                                 const floatX* Vv, const float* beta, int fold_kt, const ChunkShape& s) {
     int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V, rows = s.nq * C;
     int nq = (int)s.nq;
     MixerPlan p = mixer_plan(s);
-    if (remake) {
-    PROF("mixer.bwd.prep");
-    // the forward's W, U, Qg, Kd again (other layers' forwards have used the scratch since); G is rewritten with the
-    // values it holds
-    chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
-    mixer_wy(sc, sv, s);
-    }
     bool wmma_scan = p.scan_wmma; // the tensor-core scan makes Pᵀ dO itself
     if (!wmma_scan) {
     PROF("mixer.bwd.gemms");
@@ -4022,7 +4120,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
 #ifndef ENABLE_FP32
     if (p.scores_fused) {
         bwd_scores_scalar_tc_kernel<<<nq, 256, smem_bwd_scores_scalar_tc(C, K), main_stream>>>(
-            sc->dq_s, sc->dkh_s, sc->dkt_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Q, Kh, Kt, sv->G, beta, s);
+            sc->dq_s, sc->dkh_s, sc->dkt_s, sc->dbetaA, sc->dP, sc->dA, Q, Kh, Kt, sv->G, beta, s);
         cudaCheck(cudaGetLastError());
     } else
 #endif
@@ -4810,7 +4908,7 @@ struct LayerActs {
     float* astat;                              // hm (rows, Kp) the diagonal preconditioner's statistic (Acts' shared one)
     MixerSaved mx;
     float* o_rstd;                             // (N*H)
-    floatX *g1, *gz, *og;                      // output gate (N, V), (N, HV); og (N, HV) W_o's input (Acts' shared one)
+    floatX *g1, *gz, *og;                      // output gate (N, V), (N, HV); og (N, HV) W_o's input (gz, og: Acts' shared ones)
     floatX* h; float* ln2_rstd;                // (N, d), (N)
     floatX *mg, *mu;                           // (N, I)
     // an attention layer's instead of the mixer's (section 3b): q, k after the rotary embedding, v, the output
@@ -4872,6 +4970,8 @@ struct Acts {
     int *rows, *slot, *row_y;     // (N) device: the rows' positions, each position's row (or -1), the rows' targets
     std::vector<int> rows_h, slot_h, row_y_h; // their host copies (acts_target_rows)
     floatX* og;                   // (N, HV) the gated output norm; every layer's LayerActs points here
+    floatX* gz;                   // (N, HV) the output gate's pre-activation (with --out-gate), likewise
+    floatX *vn, *o;               // hm (rows, Vp) the mixer's V' and O with the tensor-core scans (mixer_remake), likewise
     floatX* kt; float* astat;     // hm (rows, Kp) k̃ and the diagonal preconditioner's statistic, likewise
     floatX* lnf_rows;             // (M, d) those rows of lnf: aliases ymix, which is free from the last layer's
                                   // residual add until the classifier's backward is done
@@ -4889,11 +4989,15 @@ static int mixer_pad(int X) { return (X + 15) / 16 * 16; }
 
 // the mixer's buffers, in one place for the trainer and the kernel lab: what a layer keeps for its backward, and the
 // scratch all layers share (the backward's part only with grads; the diagonal preconditioner's only with diag)
-static void mixer_saved_add(Arena& ar, MixerSaved* mx, const ChunkShape& s) {
+// p: the plan they are for (the kernel lab passes MixerPlan{} and gets them all). The fused scalar scores' backward
+// makes Mk again, and with the tensor-core scans mixer_remake makes V' and O again: the trainer then points Vn and O
+// at one pair for all layers.
+static void mixer_saved_add(Arena& ar, MixerSaved* mx, const ChunkShape& s, const MixerPlan& p) {
     long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
     memset(mx, 0, sizeof(*mx));
-    ar.add(&mx->G, rows * gw); ar.add(&mx->Mk, s.nq * CC); ar.add(&mx->Tx, s.nq * CC); ar.add(&mx->P, s.nq * CC);
-    ar.add(&mx->Vn, rows * V); ar.add(&mx->hstate, s.nq * K * V); ar.add(&mx->O, rows * V);
+    ar.add(&mx->G, rows * gw); ar.add(&mx->Tx, s.nq * CC); ar.add(&mx->P, s.nq * CC); ar.add(&mx->hstate, s.nq * K * V);
+    if (!p.scores_fused) { ar.add(&mx->Mk, s.nq * CC); }
+    if (!p.scan_wmma) { ar.add(&mx->Vn, rows * V); ar.add(&mx->O, rows * V); }
 }
 // p: the plan the buffers are for (the kernel lab passes MixerPlan{}, every fallback's, to run all flavours). The
 // forward's part (also read by the backward); mixer_scratch_grads_add adds the backward's own.
@@ -4944,6 +5048,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     ar.add(&a.ln, N * d); ar.add(&a.ma, N * I);
     int nstore = (!with_grads || recompute) ? 1 : L; // layers with their own activations; the others share L[0]'s
     a.nstore = nstore;
+    MixerPlan plan = mixer_plan(a.cs);
     int n_attn = layerset_count(&c->attn_layers), Ha = c->attn_heads, KVD = pdn_attn_kv_dim(c);
     size_t before_layers = ar.pending();
     for (int l = 0; l < nstore; l++) {
@@ -4970,20 +5075,21 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
             ar.add(&la.gp_pre, N * H); ar.add(&la.bp_pre, N * H); ar.add(&la.gp, rows); ar.add(&la.betap, rows);
         }
         if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * Kp * Kp); }
-        mixer_saved_add(ar, &la.mx, a.cs);
+        mixer_saved_add(ar, &la.mx, a.cs, plan);
         ar.add(&la.o_rstd, N * H);
-        if (c->out_gate) { ar.add(&la.g1, N * V); ar.add(&la.gz, N * HV); }
+        if (c->out_gate) { ar.add(&la.g1, N * V); }
     }
     a.layer_bytes = (ar.pending() - before_layers) / nstore;
     // cheap to make again, so one for all layers: the backward makes a layer's again from what it keeps
     if (n_attn < L) { ar.add(&a.og, N * HV); }                        // the gated output norm, W_o's input
+    if (n_attn < L && c->out_gate) { ar.add(&a.gz, N * HV); }          // the output gate's pre-activation
+    if (n_attn < L && plan.scan_wmma) { ar.add(&a.vn, rows * Vp); ar.add(&a.o, rows * Vp); } // V', O (mixer_remake)
     if (diag) { ar.add(&a.kt, rows * Kp); ar.add(&a.astat, rows * Kp); } // k̃ and the preconditioner's statistic
     ar.add(&a.lnf, N * d); ar.add(&a.lnf_rstd, N);
     ar.add(&a.losses, N); ar.add(&a.argmax, N);
     ar.add(&a.ymix, N * d); ar.add(&a.ymlp, N * d);
     ar.add(&a.tokens, N); ar.add(&a.targets, N);
     ar.add(&a.rows, N); ar.add(&a.slot, N); ar.add(&a.row_y, N);
-    MixerPlan plan = mixer_plan(a.cs);
     mixer_scratch_add(ar, &a.sc, a.cs, diag, plan);
     GradBufs& g = a.gb;
     memset(&g, 0, sizeof(g));
@@ -5030,6 +5136,8 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     for (int l = 0; l < L; l++) {
         if (l >= nstore) { a.L[l] = a.L[0]; }
         a.L[l].og = a.og;
+        a.L[l].gz = a.gz;
+        if (plan.scan_wmma) { a.L[l].mx.Vn = a.vn; a.L[l].mx.O = a.o; }
         if (diag) { a.L[l].kt = a.kt; a.L[l].astat = a.astat; }
         else if (!exact) { a.L[l].kt = a.L[l].kn; }
     }
@@ -5488,11 +5596,15 @@ static void precond_layer_forward(const Model* m, Acts* a, int l, RecState* rs) 
                          c->squash_x, c->precond_eps);
 }
 
-// the output norm of layer l's mixer output, times the output gate if the variant has one: la.og (and la.o_rstd)
+// the output norm of layer l's mixer output, times the output gate if the variant has one (its pre-activation
+// gz = W_g2 g1 + b_g2 made here, from the kept g1): la.og (and la.o_rstd)
 static void onorm_layer_forward(const Model* m, Acts* a, int l) {
     const PdnConfig* c = &m->cfg;
     const PdnLayout* lay = &m->lay;
     LayerActs& la = a->L[l];
+    if (c->out_gate) {
+        matmul_forward(la.gz, la.g1, PP(T_WG2, l), PP(T_BG2, l), (int)(a->B * a->T), pdn_head_v(c), c->n_head * pdn_head_v(c));
+    }
     onorm_gate_forward(c->out_gate ? nullptr : la.og, la.og, la.o_rstd, la.mx.O, PP(T_O_NORM, l), c->out_gate ? la.gz : nullptr,
                        a->B, a->T, c->n_head, pdn_head_v(c), a->cs.V, a->Tp, c->norm_eps);
 }
@@ -5562,10 +5674,7 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     float* S0 = rs ? rs->S + lb * H * Kp * Vp : nullptr;
     delta_chunk_forward(&la.mx, &a->sc, la.qn, la.kn, la.kt, la.v, la.beta, la.g, S0, S0, s);
     { PROF("fwd.onorm+gate+o");
-    if (c->out_gate) {
-        matmul_forward(la.g1, a->ln, PP(T_WG1, l), nullptr, (int)N, d, V);
-        matmul_forward(la.gz, la.g1, PP(T_WG2, l), PP(T_BG2, l), (int)N, V, HV);
-    }
+    if (c->out_gate) { matmul_forward(la.g1, a->ln, PP(T_WG1, l), nullptr, (int)N, d, V); }
     onorm_layer_forward(m, a, l);
     matmul_forward(a->ymix, la.og, PP(T_WO, l), nullptr, (int)N, HV, d); }
     }
@@ -5687,10 +5796,12 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                 layer_forward(m, a, l, nullptr, 1);
             } else {
                 rmsnorm_apply(a->ln, la.h, la.ln2_rstd, PP(T_MLP_NORM, l), N, d);
-                // what all mixer layers share (Acts' og, kt, astat) holds layer l + 1's: layer l's again, bit for bit
+                // what all mixer layers share (Acts' kt, astat, the mixer scratch, vn, o, gz, og) holds layer l + 1's:
+                // layer l's again, bit for bit, in dependency order (k̃, then W U Qg Kd V' O, then the output norm)
                 if (!pdn_is_attn(c, l)) {
-                    onorm_layer_forward(m, a, l);
                     if (c->precond == PRECOND_DIAG) { precond_layer_forward(m, a, l, nullptr); }
+                    mixer_remake(&la.mx, &a->sc, la.qn, la.kn, la.kt, la.v, la.beta, la.g, a->cs);
+                    onorm_layer_forward(m, a, l);
                 }
             }
         }
@@ -5719,7 +5830,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         }
         }
         delta_chunk_backward(g.dq, g.dkh, g.dkt, g.dv, g.dbeta, gk ? g.dg : nullptr, &a->sc, &la.mx, g.dO_x, la.qn, la.kn,
-                             la.kt, la.v, la.beta, la.g, c->precond == PRECOND_NONE, !fresh, a->cs);
+                             la.kt, la.v, la.beta, c->precond == PRECOND_NONE, a->cs);
         { PROF("bwd.precond");
         if (c->precond == PRECOND_DIAG) {
             PrecondBufs pb = a->sc.pc;

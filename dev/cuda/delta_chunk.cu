@@ -252,7 +252,7 @@ static void delta_dev_alloc(DeltaDev& d, const ChunkShape& s, int precond) {
     ar.add(&d.dO, rows * V); ar.add(&d.beta, rows); ar.add(&d.g, rows * gw);
     ar.add(&d.dq, rows * K); ar.add(&d.dk, rows * K); ar.add(&d.dkt, rows * K); ar.add(&d.dv, rows * V);
     ar.add(&d.dbeta, rows); ar.add(&d.dg, rows * gw);
-    mixer_saved_add(ar, &d.sv, s);             // the trainer's own buffer lists
+    mixer_saved_add(ar, &d.sv, s, MixerPlan{}); // the trainer's own buffer lists (all of them: the lab keeps V', O)
     // every flavour's buffers (the versions below run them all), the scalar scores' too whatever s's decay (gk 0)
     ChunkShape every = s;
     every.gk = 0;
@@ -273,10 +273,13 @@ static void delta_forward(DeltaDev& d, const ChunkShape& s, const floatX* kt, in
     if (precond) { lab_precond_diag_forward(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS); }
     delta_chunk_forward(&d.sv, &d.sc, d.q, d.k, kt, d.v, d.beta, s.gk ? d.g : nullptr, nullptr, nullptr, s);
 }
-// fold = one key (k̃ = k̂): dk gets dkt too, as the trainer does without a preconditioner
+// fold = one key (k̃ = k̂): dk gets dkt too, as the trainer does without a preconditioner. As for a layer other than
+// the last: what the backward reads from the scratch is made again first (mixer_remake; with the tensor-core scans
+// V' and O too, over the forward's own, which validate_case checks are unchanged bit for bit)
 static void delta_backward(DeltaDev& d, const ChunkShape& s, const floatX* kt, int fold, int precond) {
+    mixer_remake(&d.sv, &d.sc, d.q, d.k, kt, d.v, d.beta, s.gk ? d.g : nullptr, s);
     delta_chunk_backward(d.dq, d.dk, d.dkt, d.dv, d.dbeta, s.gk ? d.dg : nullptr, &d.sc, &d.sv, d.dO, d.q, d.k, kt, d.v,
-                         d.beta, s.gk ? d.g : nullptr, fold, 1, s);
+                         d.beta, fold, s);
     if (precond) {
         lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
     }
@@ -338,10 +341,21 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
         lab_poison(d.dkt, rows * K * sizeof(float)); lab_poison(d.dv, rows * V * sizeof(float));
         lab_poison(d.dbeta, rows * sizeof(float)); lab_poison(d.dg, h.g.size() * sizeof(float));
         delta_forward(d, s, kt, 0);
+        cudaCheck(cudaDeviceSynchronize());
+        std::vector<floatX> fwd_vo = lab_download(d.sv.Vn, rows * V), fo = lab_download(d.sv.O, rows * V);
+        fwd_vo.insert(fwd_vo.end(), fo.begin(), fo.end());
         delta_backward(d, s, kt, !two_keys, 0);
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaDeviceSynchronize());
         char what[160];
+        { // mixer_remake wrote V' and O again (the tensor-core scans' versions): they must be the forward's, bit for bit
+            std::vector<floatX> vo = lab_download(d.sv.Vn, rows * V), o2 = lab_download(d.sv.O, rows * V);
+            vo.insert(vo.end(), o2.begin(), o2.end());
+            long bad = 0;
+            for (size_t i = 0; i < vo.size(); i++) { bad += memcmp(&vo[i], &fwd_vo[i], sizeof(floatX)) != 0; }
+            snprintf(what, sizeof what, "%s V', O made again = the forward's bit for bit", tag);
+            lab_check_exact(what, bad, (long)vo.size());
+        }
         auto cmp = [&](const char* name, const float* dev, int X, const std::vector<double>& ref, double tol) {
             std::vector<float> g = gather_rows(lab_download(dev, rows * X), BH, T, h.Tp, X);
             snprintf(what, sizeof what, "%s %s", tag, name);
