@@ -2677,8 +2677,9 @@ __global__ void __launch_bounds__(256) state_outputs_wmma_kernel(floatX* Vn, flo
     __nv_bfloat16* Vb = (__nv_bfloat16*)(smem_raw + scan_align((size_t)s.C * SCAN_PADF * 4)); // C x 40: V'
     int C = s.C, K = s.K, V = s.V, mt = C / 16, kt = K / 16, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     int lane = threadIdx.x % 32, tr = lane / 2, tc = (lane % 2) * 8; // a lane's row and 8 columns of a 16 x 16 tile
-    long q = blockIdx.y, r0 = q * C;
-    int v0 = blockIdx.x * SCAN_BV;
+    int ns = V / SCAN_BV; // a chunk's slices are neighbouring blocks: they share its W, Qg, P through the L2
+    long q = blockIdx.x / ns, r0 = q * C;
+    int v0 = blockIdx.x % ns * SCAN_BV;
     const floatX* Sb = hstate + q * K * V + v0; // (K, 32), row stride V
     for (int t = warp; t < mt * 2; t += nw) { // V' tiles
         int i = t / 2, j = t % 2;
@@ -3992,7 +3993,7 @@ static void mixer_remake(MixerSaved* sv, MixerScratch* sc, const floatX* Q, cons
     mixer_wy(sc, sv, s);
 #ifndef ENABLE_FP32
     if (mixer_plan(s).scan_wmma) {
-        state_outputs_wmma_kernel<<<dim3(s.V / SCAN_BV, (unsigned)s.nq), 256, smem_state_outputs(s.C), main_stream>>>(
+        state_outputs_wmma_kernel<<<(unsigned)(s.nq * (s.V / SCAN_BV)), 256, smem_state_outputs(s.C), main_stream>>>(
             sv->Vn, sv->O, sv->hstate, sc->W, sc->U, sc->Qg, sv->P, s);
         cudaCheck(cudaGetLastError());
     }
