@@ -46,16 +46,22 @@ else
 fi
 : "${VARIANTS:=dn pdn gdn pgdn kda pkda}" "${N_LAYER:=2}" "${TRAIN_EX:=100000}" "${STOP_ACC:=0.99}"
 : "${WARMUP:=$((STEPS / 20))}" "${WD:=0.1}" "${GPUS:=}"
+# The easy cell first (WARM_STEPS > 0): every run starts with up to WARM_STEPS steps at (WARM_L, WARM_N), early stop
+# included, and its cell's run starts from that checkpoint (-e). Zoology's example MQAR configs serve this cell's
+# examples ahead of the harder ones in every epoch; README "MQAR as Zoology runs it" says why it is here.
+: "${WARM_STEPS:=0}" "${WARM_L:=64}" "${WARM_N:=4}"
 
 die() { echo "mqar_sweep: $*" >&2; exit 1; }
 case "$TRAINER" in
     *train_pdncu*) GPU=1 ;;
     *) GPU=0 ;;
 esac
-for n in STEPS TOKENS D_MODEL HEADS HEAD_DIM VOCAB TEST_EX TRAIN_EX EVAL_EVERY JOBS NFIX RATIO N_LAYER; do
+for n in STEPS TOKENS D_MODEL HEADS HEAD_DIM VOCAB TEST_EX TRAIN_EX EVAL_EVERY JOBS NFIX RATIO N_LAYER WARM_L WARM_N; do
     v=${!n}
     [[ "$v" =~ ^[0-9]+$ ]] && [ "$v" -ge 1 ] || die "$n must be a positive integer, got '$v'"
 done
+[[ "$WARM_STEPS" =~ ^[0-9]+$ ]] || die "WARM_STEPS must be a number of steps (0: no easy cell first), got '$WARM_STEPS'"
+[ "$WARM_STEPS" = 0 ] || [ $((TOKENS % WARM_L)) = 0 ] || die "TOKENS=$TOKENS is not a multiple of WARM_L=$WARM_L"
 [[ "$BUDGET_S" =~ ^[0-9]+$ ]] || die "BUDGET_S must be a number of seconds (0: no budget), got '$BUDGET_S'"
 
 # the cells: (L, N = NFIX) where it fits (4N <= L) and (L, N = L / RATIO); a cell in both families is run once
@@ -82,6 +88,7 @@ mkdir -p "$OUT/logs"
 IDENT="trainer=$(basename "$TRAINER") steps=$STEPS tokens=$TOKENS layers=$N_LAYER d_model=$D_MODEL heads=$HEADS head_dim=$HEAD_DIM"
 IDENT+=" vocab=$VOCAB train=$TRAIN_EX test=$TEST_EX eval_every=$EVAL_EVERY stop_acc=$STOP_ACC warmup=$WARMUP wd=$WD"
 IDENT+=" nfix=$NFIX ratio=$RATIO"
+[ "$WARM_STEPS" = 0 ] || IDENT+=" warm_steps=$WARM_STEPS warm_l=$WARM_L warm_n=$WARM_N"
 if [ -f "$OUT/sweep.env" ]; then
     old=$(grep '^IDENT=' "$OUT/sweep.env" | cut -d= -f2- | tr -d "'")
     [ "$old" = "$IDENT" ] || die "$OUT holds a sweep with other settings:
@@ -107,7 +114,7 @@ DATE='$(date -u +%Y-%m-%d)'
 EOF
 RUNS="$OUT/runs.tsv"
 FAILS="$OUT/failures.tsv"
-[ -f "$RUNS" ] || printf 'variant\tL\tN\td_model\tn_head\thead_dim\tbatch\tlr\tseed\tsteps\tmax_steps\taccuracy\tval_loss\tseconds\tstatus\n' > "$RUNS"
+[ -f "$RUNS" ] || printf 'variant\tL\tN\td_model\tn_head\thead_dim\tbatch\tlr\tseed\tsteps\tmax_steps\taccuracy\tval_loss\tseconds\tstatus\twarm_steps\twarm_accuracy\n' > "$RUNS"
 
 # the job list: seeds outermost, so a partial sweep already has every cell at its first seeds
 JOBLIST="$OUT/.jobs"
@@ -145,14 +152,27 @@ append() { # one line, under a lock when flock exists (a short append is atomic 
 run_one() { # variant L N lr seed
     local v=$1 L=$2 N=$3 lr=$4 seed=$5 B=$((TOKENS / $2))
     local key="${v}_L${L}_N${N}_lr${lr}_s${seed}" log="$OUT/logs/${1}_L${2}_N${3}_lr${4}_s${5}.log"
-    local args=(--preset "$v-tiny" --n-layer "$N_LAYER" --d-model "$D_MODEL" --n-head "$HEADS" --head-dim "$HEAD_DIM"
-                --vocab "$VOCAB" --tie 1 --mqar-gen zoology --mqar-vocab "$VOCAB" --mqar-pairs "$N" -t "$L" -b "$B"
+    local common=(--n-layer "$N_LAYER" --d-model "$D_MODEL" --n-head "$HEADS" --head-dim "$HEAD_DIM"
+                --vocab "$VOCAB" --tie 1 --mqar-gen zoology --mqar-vocab "$VOCAB"
                 --mqar-train "$TRAIN_EX" --mqar-test "$TEST_EX" --mqar-data-seed "$seed" --seed "$seed"
-                -x "$STEPS" -l "$lr" -u "$WARMUP" -q 0 -c "$WD" --beta2 0.999 -v "$EVAL_EVERY" --mqar-stop-acc "$STOP_ACC")
-    [ "$GPU" = 1 ] || args+=(--mixer token --threads "$THREADS")
-    local t0 t1 rc=0
+                -l "$lr" -q 0 -c "$WD" --beta2 0.999 -v "$EVAL_EVERY" --mqar-stop-acc "$STOP_ACC")
+    [ "$GPU" = 1 ] || common+=(--mixer token --threads "$THREADS")
+    local args=(--preset "$v-tiny" "${common[@]}" --mqar-pairs "$N" -t "$L" -b "$B" -x "$STEPS" -u "$WARMUP")
+    local t0 t1 rc=0 wsteps=0 wacc=- wdir="$OUT/warm/$key"
     t0=$(date +%s.%N)
-    "$TRAINER" "${args[@]}" > "$log" 2>&1 || rc=$?
+    if [ "$WARM_STEPS" -gt 0 ]; then # the easy cell first, then this cell from its last checkpoint
+        rm -rf "$wdir"
+        "$TRAINER" --preset "$v-tiny" "${common[@]}" --mqar-pairs "$WARM_N" -t "$WARM_L" -b $((TOKENS / WARM_L)) \
+            -x "$WARM_STEPS" -u $((WARM_STEPS / 20)) -o "$wdir" > "${log%.log}.warm.log" 2>&1 || rc=$?
+        wsteps=$(sed -n 's/^done: \([0-9]*\) steps.*/\1/p' "${log%.log}.warm.log" | tail -1)
+        wacc=$(sed -n 's/^val | step [0-9]* | loss [^ ]* | recall accuracy \([0-9.]*\)%.*/\1/p' "${log%.log}.warm.log" | tail -1)
+        local ck
+        ck=$(ls "$wdir"/model_*.bin 2>/dev/null | tail -1)
+        if [ "$rc" = 0 ] && [ -n "$ck" ]; then args=(-e "$ck" "${args[@]:2}")
+        else [ "$rc" = 0 ] && rc=1; log="${log%.log}.warm.log"; fi
+    fi
+    [ "$rc" = 0 ] && { "$TRAINER" "${args[@]}" > "$log" 2>&1 || rc=$?; }
+    rm -rf "$wdir"
     t1=$(date +%s.%N)
     local secs acc vl steps status
     secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
@@ -167,8 +187,8 @@ run_one() { # variant L N lr seed
         echo "FAILED $key (exit $rc): $(tail -1 "$log")" >&2
         return
     fi
-    append "$(printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "$v" "$L" "$N" "$D_MODEL" "$HEADS" \
-        "$HEAD_DIM" "$B" "$lr" "$seed" "$steps" "$STEPS" "$acc" "$vl" "$secs" "$status")" "$RUNS"
+    append "$(printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "$v" "$L" "$N" "$D_MODEL" "$HEADS" \
+        "$HEAD_DIM" "$B" "$lr" "$seed" "$steps" "$STEPS" "$acc" "$vl" "$secs" "$status" "${wsteps:-0}" "${wacc:--}")" "$RUNS"
     local done_now elapsed
     done_now=$(($(wc -l < "$RUNS") - 1))
     elapsed=$(($(date +%s) - START))
@@ -191,7 +211,7 @@ rm -f "$FAILS"   # failed runs are not in runs.tsv: this call tries them again
 pids=()
 for ((w = 0; w < JOBS; w++)); do worker "$w" & pids+=($!); done
 for p in "${pids[@]}"; do wait "$p"; done
-rm -f "$JOBLIST" "$OUT/.lock"
+rm -f "$JOBLIST" "$OUT/.lock"; rmdir "$OUT/warm" 2>/dev/null || true
 
 done_runs=$(($(wc -l < "$RUNS") - 1))
 echo "runs in $RUNS: $done_runs of $total; this call took $(($(date +%s) - START)) s"
