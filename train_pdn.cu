@@ -2411,6 +2411,22 @@ typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_majo
 typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragAT;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
+typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBT;
+// acc += Σ_k A_k B_k over n steps of 16: A_k = the 16 x 16 block at a + 16 k (row-major, stride lda), B_k at
+// b + k bstep (stride ldb; FB = FragB row-major, bstep 16 ldb, or FragBT for a transposed operand, bstep 16). Every
+// tensor-core product that is made again elsewhere goes through this one loop: the same fragments in the same order
+// give the same fp32 sums, which V', O and Mk made again in the backward rely on.
+template <typename FB>
+__device__ __forceinline__ void mma_steps(FragC& acc, const __nv_bfloat16* a, int lda, const __nv_bfloat16* b, long bstep,
+                                          int ldb, int n) {
+    for (int k = 0; k < n; k++) {
+        FragA fa;
+        FB fb;
+        wmma::load_matrix_sync(fa, a + 16 * k, lda);
+        wmma::load_matrix_sync(fb, b + k * bstep, ldb);
+        wmma::mma_sync(acc, fa, fb, acc);
+    }
+}
 
 // The chunk's operands are staged in shared memory with cp.async one chunk ahead (each buffer refilled as soon as
 // the current chunk is done with it), so no global-memory latency sits on the chunk-to-chunk chain, which is what
@@ -2564,25 +2580,13 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         FragC oacc;
         if (own) {
             wmma::fill_fragment(oacc, 0.0f);
-            for (int k = 0; k < kt; k++) {
-                FragA fa;
-                FragB fb;
-                wmma::load_matrix_sync(fa, Qgs + 16 * oi * kp + 16 * k, kp);
-                wmma::load_matrix_sync(fb, Sb + 16 * k * SCAN_PADV + 16 * oj, SCAN_PADV);
-                wmma::mma_sync(oacc, fa, fb, oacc);
-            }
+            mma_steps<FragB>(oacc, Qgs + 16 * oi * kp, kp, Sb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, kt);
         }
         for (int t = SCAN_WARPS_FWD - 1 - warp; t < mt * 2; t += SCAN_WARPS_FWD) {
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
-            for (int k = 0; k < kt; k++) {
-                FragA fa;
-                FragB fb;
-                wmma::load_matrix_sync(fa, Ws + 16 * i * kp + 16 * k, kp);
-                wmma::load_matrix_sync(fb, Sb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
+            mma_steps<FragB>(acc, Ws + 16 * i * kp, kp, Sb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, kt);
             wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
         }
         if (NS == 1) { __pipeline_wait_prior(0); } // this chunk's U, G_last, Kd and P
@@ -2639,13 +2643,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         }
         if (own) { // O += P V' (P lower with diagonal: blocks k <= oi), rounded to bf16 through Vt (free until the
                    // next chunk's W S) and stored with 16-byte accesses
-            for (int k = 0; k <= oi; k++) {
-                FragA fa;
-                FragB fb;
-                wmma::load_matrix_sync(fa, Ps + 16 * oi * lp + 16 * k, lp);
-                wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * oj, SCAN_PADV);
-                wmma::mma_sync(oacc, fa, fb, oacc);
-            }
+            mma_steps<FragB>(oacc, Ps + 16 * oi * lp, lp, Vb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, oi + 1);
             float* ot = Vt + 16 * oi * SCAN_PADF + 16 * oj;
             wmma::store_matrix_sync(ot, oacc, SCAN_PADF, wmma::mem_row_major);
             __syncwarp();
@@ -2685,13 +2683,7 @@ __global__ void __launch_bounds__(256) state_outputs_wmma_kernel(floatX* Vn, flo
         int i = t / 2, j = t % 2;
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
-        for (int k = 0; k < kt; k++) {
-            FragA fa;
-            FragB fb;
-            wmma::load_matrix_sync(fa, W + (r0 + 16 * i) * K + 16 * k, K);
-            wmma::load_matrix_sync(fb, Sb + (long)16 * k * V + 16 * j, V);
-            wmma::mma_sync(acc, fa, fb, acc);
-        }
+        mma_steps<FragB>(acc, W + (r0 + 16 * i) * K, K, Sb + 16 * j, 16L * V, V, kt);
         float* vt = Vt + 16 * i * SCAN_PADF + 16 * j;
         wmma::store_matrix_sync(vt, acc, SCAN_PADF, wmma::mem_row_major);
         __syncwarp();
@@ -2709,20 +2701,9 @@ __global__ void __launch_bounds__(256) state_outputs_wmma_kernel(floatX* Vn, flo
         int oi = t / 2, oj = t % 2;
         FragC oacc;
         wmma::fill_fragment(oacc, 0.0f);
-        for (int k = 0; k < kt; k++) {
-            FragA fa;
-            FragB fb;
-            wmma::load_matrix_sync(fa, Qg + (r0 + 16 * oi) * K + 16 * k, K);
-            wmma::load_matrix_sync(fb, Sb + (long)16 * k * V + 16 * oj, V);
-            wmma::mma_sync(oacc, fa, fb, oacc);
-        }
-        for (int k = 0; k <= oi; k++) {
-            FragA fa;
-            FragB fb;
-            wmma::load_matrix_sync(fa, P + (r0 + 16 * oi) * C + 16 * k, C); // chunk q's P starts at q C C = r0 C
-            wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * oj, SCAN_PADV);
-            wmma::mma_sync(oacc, fa, fb, oacc);
-        }
+        mma_steps<FragB>(oacc, Qg + (r0 + 16 * oi) * K, K, Sb + 16 * oj, 16L * V, V, kt);
+        // chunk q's P starts at q C C = r0 C
+        mma_steps<FragB>(oacc, P + (r0 + 16 * oi) * C, C, Vb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, oi + 1);
         float* ot = Vt + 16 * oi * SCAN_PADF + 16 * oj;
         wmma::store_matrix_sync(ot, oacc, SCAN_PADF, wmma::mem_row_major);
         __syncwarp();
@@ -2951,7 +2932,6 @@ static bool scan_uses_wmma(const ChunkShape& s) {
 //     e^(G_r - G_j) after the product (summed over I > J in the same accumulators: the scale depends on J only).
 // The diagonal 16 x 16 blocks keep one exp per (i, j, channel) in fp32. Row strides are padded (bank conflicts);
 // the three kernels fit two or three blocks per multiprocessor at K = 128.
-typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBT;
 #define SC_LG(K) ((K) + 4) // fp32 G rows (16-byte multiples for cp.async)
 #define SC_LK(K) ((K) + 8) // bf16 rows of K (WMMA operands: a multiple of 8)
 #define SC_LC(C) ((C) + 8) // bf16 rows of C
@@ -3113,13 +3093,7 @@ __global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX
         const __nv_bfloat16* rows = (t < nt ? Khs : Qs) + 16 * I * kp;
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
-        for (int k = 0; k < K / 16; k++) {
-            FragA a;
-            FragBT b;
-            wmma::load_matrix_sync(a, rows + 16 * k, kp);
-            wmma::load_matrix_sync(b, Kts + 16 * J * kp + 16 * k, kp);
-            wmma::mma_sync(acc, a, b, acc);
-        }
+        mma_steps<FragBT>(acc, rows, kp, Kts + 16 * J * kp, 16, kp, K / 16);
         wmma::store_matrix_sync((t < nt ? Ms : Ps) + 16 * I * ld + 16 * J, acc, ld, wmma::mem_row_major);
     }
     __syncthreads();
@@ -3177,13 +3151,7 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
         int J = t - I * (I + 1) / 2;
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
-        for (int k = 0; k < kt; k++) {
-            FragA a;
-            FragBT b;
-            wmma::load_matrix_sync(a, Khs + 16 * I * kp + 16 * k, kp);
-            wmma::load_matrix_sync(b, Kts + 16 * J * kp + 16 * k, kp);
-            wmma::mma_sync(acc, a, b, acc);
-        }
+        mma_steps<FragBT>(acc, Khs + 16 * I * kp, kp, Kts + 16 * J * kp, 16, kp, kt);
         wmma::store_matrix_sync(Ms + 16 * I * ld + 16 * J, acc, ld, wmma::mem_row_major);
     }
     __syncthreads();
