@@ -2662,33 +2662,59 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
 }
 
 // The forward scan's V' and O made again for the backward from the kept chunk states (hstate is the bf16 state Sb
-// each chunk started from) and the remade W, U, Qg: every chunk at once, one block per (32-column slice, chunk), a
-// warp per 16 x 16 tile. The WMMA products, their order and the roundings are the scan's: V' = bf16(U - W Sb),
-// O = bf16(Qg Sb + P V'), so both equal the forward's bit for bit (the kernel lab checks it) and need not be kept per
-// layer (2 x 64 MiB a layer at pgdn-340m 16 x 2048).
-static size_t smem_state_outputs(int C) { return scan_align((size_t)C * SCAN_PADF * 4) + (size_t)C * SCAN_PADV * 2; }
+// each chunk started from) and the remade W, U, Qg: every chunk at once, one block per (chunk, 32-column slice; a
+// chunk's slices are neighbouring blocks, so they share its W, Qg, P through the L2), the operands staged with
+// 16-byte copies, a warp per 16 x 16 tile. The products (mma_steps), their order and the roundings are the scan's:
+// V' = bf16(U - W Sb), O = bf16(Qg Sb + P V'), so both equal the forward's bit for bit (the kernel lab checks it)
+// and need not be kept per layer (2 x 64 MiB a layer at pgdn-340m 16 x 2048).
+struct OutsSmem { size_t w, qg, sb, u, p, vt, vb, bytes; };
+static __host__ __device__ OutsSmem outs_smem(int C, int K) {
+    OutsSmem z;
+    size_t m = scan_align((size_t)C * SCAN_PADK(K) * 2);
+    z.w = 0; z.qg = m; z.sb = 2 * m;
+    z.u = z.sb + scan_align((size_t)K * SCAN_PADV * 2);
+    z.p = z.u + scan_align((size_t)C * SCAN_PADV * 2);
+    z.vt = z.p + scan_align((size_t)C * (C + 8) * 2);
+    z.vb = z.vt + scan_align((size_t)C * SCAN_PADF * 4);
+    z.bytes = z.vb + scan_align((size_t)C * SCAN_PADV * 2);
+    return z;
+}
 __global__ void __launch_bounds__(256) state_outputs_wmma_kernel(floatX* Vn, floatX* O, const floatX* hstate, const floatX* W,
                                                                 const floatX* U, const floatX* Qg, const floatX* P,
                                                                 ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    float* Vt = (float*)smem_raw;                                                   // C x 36 fp32: W Sb, then O
-    __nv_bfloat16* Vb = (__nv_bfloat16*)(smem_raw + scan_align((size_t)s.C * SCAN_PADF * 4)); // C x 40: V'
-    int C = s.C, K = s.K, V = s.V, mt = C / 16, kt = K / 16, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    int lane = threadIdx.x % 32, tr = lane / 2, tc = (lane % 2) * 8; // a lane's row and 8 columns of a 16 x 16 tile
-    int ns = V / SCAN_BV; // a chunk's slices are neighbouring blocks: they share its W, Qg, P through the L2
+    int C = s.C, K = s.K, V = s.V, kp = SCAN_PADK(K), lp = C + 8, mt = C / 16, kt = K / 16;
+    int warp = threadIdx.x / 32, nw = blockDim.x / 32, lane = threadIdx.x % 32, tr = lane / 2, tc = (lane % 2) * 8;
+    OutsSmem z = outs_smem(C, K);
+    __nv_bfloat16* Ws = (__nv_bfloat16*)(smem_raw + z.w);    // C x kp
+    __nv_bfloat16* Qgs = (__nv_bfloat16*)(smem_raw + z.qg);  // C x kp
+    __nv_bfloat16* Sb = (__nv_bfloat16*)(smem_raw + z.sb);   // K x 40: the chunk's start state, this slice
+    __nv_bfloat16* Us = (__nv_bfloat16*)(smem_raw + z.u);    // C x 40
+    __nv_bfloat16* Ps = (__nv_bfloat16*)(smem_raw + z.p);    // C x lp
+    float* Vt = (float*)(smem_raw + z.vt);                   // C x 36: W Sb, then O
+    __nv_bfloat16* Vb = (__nv_bfloat16*)(smem_raw + z.vb);   // C x 40: V'
+    int ns = V / SCAN_BV;
     long q = blockIdx.x / ns, r0 = q * C;
     int v0 = blockIdx.x % ns * SCAN_BV;
-    const floatX* Sb = hstate + q * K * V + v0; // (K, 32), row stride V
+    stage_async(Ws, kp * 2, W + r0 * K, (long)K * 2, C, K * 2);
+    stage_async(Sb, SCAN_PADV * 2, hstate + q * K * V + v0, (long)V * 2, K, SCAN_BV * 2);
+    stage_async(Us, SCAN_PADV * 2, U + r0 * V + v0, (long)V * 2, C, SCAN_BV * 2);
+    __pipeline_commit();
+    stage_async(Qgs, kp * 2, Qg + r0 * K, (long)K * 2, C, K * 2);
+    stage_async(Ps, lp * 2, P + r0 * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r0 C
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
     for (int t = warp; t < mt * 2; t += nw) { // V' tiles
         int i = t / 2, j = t % 2;
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
-        mma_steps<FragB>(acc, W + (r0 + 16 * i) * K, K, Sb + 16 * j, 16L * V, V, kt);
+        mma_steps<FragB>(acc, Ws + 16 * i * kp, kp, Sb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, kt);
         float* vt = Vt + 16 * i * SCAN_PADF + 16 * j;
         wmma::store_matrix_sync(vt, acc, SCAN_PADF, wmma::mem_row_major);
         __syncwarp();
         int a = 16 * i + tr, c = 16 * j + tc;
-        uint4 u = *(const uint4*)(U + (r0 + a) * V + v0 + c), o;
+        uint4 u = *(const uint4*)(Us + a * SCAN_PADV + c), o;
         const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
         __nv_bfloat16* ob = (__nv_bfloat16*)&o;
         #pragma unroll
@@ -2696,14 +2722,14 @@ __global__ void __launch_bounds__(256) state_outputs_wmma_kernel(floatX* Vn, flo
         *(uint4*)(Vb + a * SCAN_PADV + c) = o;
         *(uint4*)(Vn + (r0 + a) * V + v0 + c) = o;
     }
-    __syncthreads(); // every V' tile is in Vb; Vt is free
+    __pipeline_wait_prior(0);
+    __syncthreads(); // every V' tile is in Vb, Qg and P are staged; Vt is free
     for (int t = warp; t < mt * 2; t += nw) { // O tiles: Qg Sb, then P V' (P lower with diagonal: blocks k <= oi)
         int oi = t / 2, oj = t % 2;
         FragC oacc;
         wmma::fill_fragment(oacc, 0.0f);
-        mma_steps<FragB>(oacc, Qg + (r0 + 16 * oi) * K, K, Sb + 16 * oj, 16L * V, V, kt);
-        // chunk q's P starts at q C C = r0 C
-        mma_steps<FragB>(oacc, P + (r0 + 16 * oi) * C, C, Vb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, oi + 1);
+        mma_steps<FragB>(oacc, Qgs + 16 * oi * kp, kp, Sb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, kt);
+        mma_steps<FragB>(oacc, Ps + 16 * oi * lp, lp, Vb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, oi + 1);
         float* ot = Vt + 16 * oi * SCAN_PADF + 16 * oj;
         wmma::store_matrix_sync(ot, oacc, SCAN_PADF, wmma::mem_row_major);
         __syncwarp();
@@ -3799,6 +3825,7 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(state_backward_wmma_kernel<1>, optin);
     allow_dynamic_smem(state_backward_wmma_kernel<2>, optin);
     allow_dynamic_smem(scan_groups_combine_kernel, optin);
+    allow_dynamic_smem(state_outputs_wmma_kernel, optin);
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
     allow_dynamic_smem(precond_exact_backward_kernel, optin);
@@ -3845,9 +3872,10 @@ static int scan_groups_for(const ChunkShape& s) {
 }
 // Two stage buffers where the scan has fewer blocks than two per multiprocessor (one sequence, few heads: each block
 // walks a long chain, and the one-stage kernel leaves the loads' latency on it) and they fit (K <= 128 at chunk 64).
-// SCAN_STAGES_DEFAULT is 0 until dev/cuda/delta_chunk's v4 has been validated and timed on a GPU (written 2026-12-03
-// without one); scan_stages_force (the kernel lab): 1 or 2 whatever the rule says, where they fit.
-#define SCAN_STAGES_DEFAULT 0
+// On the H200 (2026-12-03, dev/cuda/delta_chunk v4 vs v2) two stages are 2-3% faster at B = 1, H = 8 (32 blocks) and
+// slower at the 16 x 2048 training shape (512 blocks): the rule below. scan_stages_force (the kernel lab): 1 or 2
+// whatever the rule says, where they fit.
+#define SCAN_STAGES_DEFAULT 1
 static int scan_stages_force = 0;
 static int scan_stages_for(const ChunkShape& s, int groups) {
     bool fits = smem_scan_wmma(s, 2) + 1024 <= (size_t)smem_optin;
@@ -3961,7 +3989,7 @@ static void mixer_remake(MixerSaved* sv, MixerScratch* sc, const floatX* Q, cons
     mixer_wy(sc, sv, s);
 #ifndef ENABLE_FP32
     if (mixer_plan(s).scan_wmma) {
-        state_outputs_wmma_kernel<<<(unsigned)(s.nq * (s.V / SCAN_BV)), 256, smem_state_outputs(s.C), main_stream>>>(
+        state_outputs_wmma_kernel<<<(unsigned)(s.nq * (s.V / SCAN_BV)), 256, outs_smem(s.C, s.K).bytes, main_stream>>>(
             sv->Vn, sv->O, sv->hstate, sc->W, sc->U, sc->Qg, sv->P, s);
         cudaCheck(cudaGetLastError());
     }
