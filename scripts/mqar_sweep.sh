@@ -4,8 +4,9 @@
 # cell, as Zoology reports it) and several seeds (mean +- std). README "MQAR as Zoology runs it" says what was chosen
 # and why.
 #
-#   scripts/mqar_sweep.sh OUTDIR            the default grid on one GPU (train_pdncu): one cell (L 256, N 32), 2 seeds, every
-#                                           variant: ~10 minutes on an H200 (measured 2026-12-02: 6 runs at a time in 294 s)
+#   scripts/mqar_sweep.sh OUTDIR            the default grid on one GPU (train_pdncu): one cell (L 256, N 32), 3 seeds, every
+#                                           variant, each run after the easy cell (L 64, N 4): ~5 minutes on an H200
+#                                           (measured 2026-12-03: 18 runs, 6 at a time, in 284 s)
 #   FULL=1 scripts/mqar_sweep.sh OUTDIR     the full grid (the 7 cells of Fig. 5, 3 learning rates, 3 seeds): ~5 h on one H200
 #   SMOKE=1 scripts/mqar_sweep.sh OUTDIR    a tiny grid on the CPU (train_pdn): every variant, one length, one seed
 #

@@ -24,10 +24,11 @@ Versions (everything else is the trainer's code):
   v4  v2 with two stage buffers in the state scans (MixerPlan.scan_stages = 2, ScanStage in train_pdn.cu): all of
       the next chunk's operands are staged while this chunk runs (one block per multiprocessor), instead of its two
       halves at two points of this chunk (two blocks per multiprocessor). The arithmetic is v2's, so its outputs
-      must equal v2's bit for bit (checked when both run) besides the reference. Written 2026-12-03 without a GPU:
-      compiled, NOT yet run. The trainer keeps one stage (SCAN_STAGES_DEFAULT 0) until this version has been
-      validated and timed; the timing adds the training micro-batch B=16 T=2048 (512 scan blocks) to say where two
-      stages pay.
+      must equal v2's bit for bit (checked when both run) besides the reference. On the H200 (2026-12-03): equal,
+      2-3% faster at B=1 H=8, slower at the training micro-batch B=16 T=2048 (512 scan blocks): the trainer takes
+      two stages only where the scan has fewer than two blocks per multiprocessor.
+Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
+one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 The trainer picks inside delta_chunk_forward/backward with those tests; the lab forces v1 by making them fail
 (scan_force_simt, scores_force_fma) and checks which path was taken.
 
