@@ -2393,11 +2393,14 @@ __global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float*
     }
 }
 
+// the V'/O remake's work items, stage buffers and warps (state_outputs_wmma_kernel; none in the fp32 build)
+struct OutsPlan { int bw, ns, nw; };
 #ifndef ENABLE_FP32
 // The same two scans on tensor cores (bf16 WMMA 16x16x16, fp32 accumulation), for K and C multiples of 16 and V of
-// SCAN_BV. One block of 4 warps per (b, h, 32 value columns). The state S stays fp32 in shared memory; its bf16 copy
-// Sb is the MMA operand (and what hstate stores), as in the fp32 scan's use of the stored V'. W, Kd, Qg and dO are
-// read as MMA tiles straight from global memory (Kdᵀ, Qgᵀ, Wᵀ as column-major views of the row-major tiles).
+// SCAN_BV. One block per (b, h, 32 value columns) on the grid (value slices, b h): a head's slices are neighbouring
+// blocks, resident at the same time, so each chunk's W, Kd, Qg (the same for every slice) come from the L2 after the
+// first slice's read. The state S stays fp32 in shared memory; its bf16 copy Sb is the MMA operand (and what hstate
+// stores), as in the fp32 scan's use of the stored V'. The chunk's operands are staged in shared memory (below).
 using namespace nvcuda;
 // warps of a scan block; the output tiles of each product are dealt out among them. Measured on an H200 at the
 // 340m shape: the forward is faster with 8 (19 vs 22 ms per step), the backward with 4 (28 vs 39 ms)
@@ -2416,6 +2419,40 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_majo
 // b + k bstep (stride ldb; FB = FragB row-major, bstep 16 ldb, or FragBT for a transposed operand, bstep 16). Every
 // tensor-core product that is made again elsewhere goes through this one loop: the same fragments in the same order
 // give the same fp32 sums, which V', O and Mk made again in the backward rely on.
+#ifdef MMA_PTX
+// ldmatrix (x4, optionally transposed) of a 16 x 16 bf16 block in shared memory: lane l gives the address of its row
+__device__ __forceinline__ void ldsm_x4(unsigned r[4], const __nv_bfloat16* p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const __nv_bfloat16* p) {
+    unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+__device__ __forceinline__ void mma_16816(float* c, const unsigned a[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <typename FB>
+__device__ __forceinline__ void mma_steps(FragC& acc, const __nv_bfloat16* a, int lda, const __nv_bfloat16* b, long bstep,
+                                          int ldb, int n) {
+    int l = threadIdx.x % 32;
+    const __nv_bfloat16* pa = a + (l % 16) * lda + (l / 16) * 8;
+    const bool bt = std::is_same<FB, FragBT>::value;
+    const __nv_bfloat16* pb = bt ? b + ((l & 7) + ((l >> 4) << 3)) * ldb + ((l >> 3) & 1) * 8 : b + (l % 16) * ldb + (l / 16) * 8;
+    for (int k = 0; k < n; k++) {
+        unsigned ra[4], rb[4];
+        ldsm_x4(ra, pa + 16 * k);
+        if (bt) { ldsm_x4(rb, pb + k * bstep); } else { ldsm_x4_t(rb, pb + k * bstep); }
+        mma_16816(acc.x, ra, rb[0], rb[1]);
+        mma_16816(acc.x + 4, ra, rb[2], rb[3]);
+    }
+}
+#else
 template <typename FB>
 __device__ __forceinline__ void mma_steps(FragC& acc, const __nv_bfloat16* a, int lda, const __nv_bfloat16* b, long bstep,
                                           int ldb, int n) {
@@ -2427,6 +2464,7 @@ __device__ __forceinline__ void mma_steps(FragC& acc, const __nv_bfloat16* a, in
         wmma::mma_sync(acc, fa, fb, acc);
     }
 }
+#endif
 
 // The chunk's operands are staged in shared memory with cp.async one chunk ahead (each buffer refilled as soon as
 // the current chunk is done with it), so no global-memory latency sits on the chunk-to-chunk chain, which is what
@@ -2510,7 +2548,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
                                                                      float* S_final, ChunkShape s, ScanGroups sg) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
-    int blk = blockIdx.x, bh = blk / sg.G, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
+    int blk = blockIdx.y, bh = blk / sg.G, v0 = blockIdx.x * SCAN_BV, warp = threadIdx.x / 32;
     int lo = blk % sg.G * sg.M, hi = min(s.NC, lo + sg.M); // this block's chunks
     bool outs = sg.mode & SCAN_OUT, homog = sg.mode & SCAN_HOMOG;
     unsigned char* p = smem_raw;
@@ -2662,79 +2700,130 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
 }
 
 // The forward scan's V' and O made again for the backward from the kept chunk states (hstate is the bf16 state Sb
-// each chunk started from) and the remade W, U, Qg: every chunk at once, one block per (chunk, 32-column slice; a
-// chunk's slices are neighbouring blocks, so they share its W, Qg, P through the L2), the operands staged with
-// 16-byte copies, a warp per 16 x 16 tile. The products (mma_steps), their order and the roundings are the scan's:
-// V' = bf16(U - W Sb), O = bf16(Qg Sb + P V'), so both equal the forward's bit for bit (the kernel lab checks it)
-// and need not be kept per layer (2 x 64 MiB a layer at pgdn-340m 16 x 2048).
-struct OutsSmem { size_t w, qg, sb, u, p, vt, vb, bytes; };
-static __host__ __device__ OutsSmem outs_smem(int C, int K) {
+// each chunk started from) and the remade W, U, Qg, so they need not be kept per layer (2 x 64 MiB a layer at
+// pgdn-340m 16 x 2048). Persistent blocks of NW warps walk work items (chunk, bw value columns), each staged into
+// shared memory with 16-byte copies; with ns = 2 stage buffers the next item's copies run while this one computes.
+// OutsPlan (bw, ns, NW) is the plan's choice (outs_plan_for); the kernel lab times the choices. The products
+// (mma_steps), their order and the roundings are the forward scan's per 16 x 16 tile: V' = bf16(U - W Sb),
+// O = bf16(Qg Sb + P V'), so both equal the forward's bit for bit (the kernel lab checks every choice).
+#define OUTS_LDS 20 // a warp's fp32 tile scratch: 16 rows of 16 + 4 (16-byte rows for the 8-column reads)
+struct OutsSmem { size_t w, qg, sb, u, p, stage, vb, scr, bytes; };
+static __host__ __device__ OutsSmem outs_smem(int C, int K, OutsPlan o) {
     OutsSmem z;
     size_t m = scan_align((size_t)C * SCAN_PADK(K) * 2);
     z.w = 0; z.qg = m; z.sb = 2 * m;
-    z.u = z.sb + scan_align((size_t)K * SCAN_PADV * 2);
-    z.p = z.u + scan_align((size_t)C * SCAN_PADV * 2);
-    z.vt = z.p + scan_align((size_t)C * (C + 8) * 2);
-    z.vb = z.vt + scan_align((size_t)C * SCAN_PADF * 4);
-    z.bytes = z.vb + scan_align((size_t)C * SCAN_PADV * 2);
+    z.u = z.sb + scan_align((size_t)K * (o.bw + 8) * 2);
+    z.p = z.u + scan_align((size_t)C * (o.bw + 8) * 2);
+    z.stage = z.p + scan_align((size_t)C * (C + 8) * 2); // one stage buffer: W, Qg (C x K+8), Sb (K x bw+8), U (C x bw+8), P
+    z.vb = o.ns * z.stage;                               // V' (C x bw+8), bf16: the B operand of P V'
+    z.scr = z.vb + scan_align((size_t)C * (o.bw + 8) * 2);
+    z.bytes = z.scr + (size_t)o.nw * 16 * OUTS_LDS * 4;
     return z;
 }
-__global__ void __launch_bounds__(256) state_outputs_wmma_kernel(floatX* Vn, floatX* O, const floatX* hstate, const floatX* W,
-                                                                const floatX* U, const floatX* Qg, const floatX* P,
-                                                                ChunkShape s) {
+template <int NW>
+__global__ void __launch_bounds__(32 * NW) state_outputs_wmma_kernel(floatX* Vn, floatX* O, const floatX* hstate, const floatX* W,
+                                                                    const floatX* U, const floatX* Qg, const floatX* P,
+                                                                    ChunkShape s, OutsPlan op) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    int C = s.C, K = s.K, V = s.V, kp = SCAN_PADK(K), lp = C + 8, mt = C / 16, kt = K / 16;
-    int warp = threadIdx.x / 32, nw = blockDim.x / 32, lane = threadIdx.x % 32, tr = lane / 2, tc = (lane % 2) * 8;
-    OutsSmem z = outs_smem(C, K);
-    __nv_bfloat16* Ws = (__nv_bfloat16*)(smem_raw + z.w);    // C x kp
-    __nv_bfloat16* Qgs = (__nv_bfloat16*)(smem_raw + z.qg);  // C x kp
-    __nv_bfloat16* Sb = (__nv_bfloat16*)(smem_raw + z.sb);   // K x 40: the chunk's start state, this slice
-    __nv_bfloat16* Us = (__nv_bfloat16*)(smem_raw + z.u);    // C x 40
-    __nv_bfloat16* Ps = (__nv_bfloat16*)(smem_raw + z.p);    // C x lp
-    float* Vt = (float*)(smem_raw + z.vt);                   // C x 36: W Sb, then O
-    __nv_bfloat16* Vb = (__nv_bfloat16*)(smem_raw + z.vb);   // C x 40: V'
-    int ns = V / SCAN_BV;
-    long q = blockIdx.x / ns, r0 = q * C;
-    int v0 = blockIdx.x % ns * SCAN_BV;
-    stage_async(Ws, kp * 2, W + r0 * K, (long)K * 2, C, K * 2);
-    stage_async(Sb, SCAN_PADV * 2, hstate + q * K * V + v0, (long)V * 2, K, SCAN_BV * 2);
-    stage_async(Us, SCAN_PADV * 2, U + r0 * V + v0, (long)V * 2, C, SCAN_BV * 2);
+    int C = s.C, K = s.K, V = s.V, bw = op.bw, kp = SCAN_PADK(K), lp = C + 8, vp = bw + 8, mt = C / 16, kt = K / 16;
+    int nt = bw / 16, warp = threadIdx.x / 32, lane = threadIdx.x % 32, tr = lane / 2, tc = (lane % 2) * 8, parts = V / bw;
+    OutsSmem z = outs_smem(C, K, op);
+    __nv_bfloat16* Vb = (__nv_bfloat16*)(smem_raw + z.vb);                      // C x vp
+    float* scr = (float*)(smem_raw + z.scr) + warp * 16 * OUTS_LDS;             // 16 x 20, this warp's
+    long items = s.nq * parts;
+    auto stage = [&](int b, long it) { // item it = (chunk q, columns v0 ..) into stage buffer b
+        unsigned char* base = smem_raw + b * z.stage;
+        long q = it / parts, r0 = q * C;
+        int v0 = (int)(it % parts) * bw;
+        stage_async(base + z.w, kp * 2, W + r0 * K, (long)K * 2, C, K * 2);
+        stage_async(base + z.sb, vp * 2, hstate + q * K * V + v0, (long)V * 2, K, bw * 2);
+        stage_async(base + z.u, vp * 2, U + r0 * V + v0, (long)V * 2, C, bw * 2);
+        stage_async(base + z.qg, kp * 2, Qg + r0 * K, (long)K * 2, C, K * 2);
+        stage_async(base + z.p, lp * 2, P + r0 * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r0 C
+    };
+    if (blockIdx.x < items) { stage(0, blockIdx.x); }
     __pipeline_commit();
-    stage_async(Qgs, kp * 2, Qg + r0 * K, (long)K * 2, C, K * 2);
-    stage_async(Ps, lp * 2, P + r0 * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r0 C
-    __pipeline_commit();
-    __pipeline_wait_prior(1);
-    __syncthreads();
-    for (int t = warp; t < mt * 2; t += nw) { // V' tiles
-        int i = t / 2, j = t % 2;
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-        mma_steps<FragB>(acc, Ws + 16 * i * kp, kp, Sb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, kt);
-        float* vt = Vt + 16 * i * SCAN_PADF + 16 * j;
-        wmma::store_matrix_sync(vt, acc, SCAN_PADF, wmma::mem_row_major);
-        __syncwarp();
-        int a = 16 * i + tr, c = 16 * j + tc;
-        uint4 u = *(const uint4*)(Us + a * SCAN_PADV + c), o;
-        const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
-        __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-        #pragma unroll
-        for (int e = 0; e < 8; e++) { ob[e] = __float2bfloat16(__bfloat162float(ub[e]) - vt[tr * SCAN_PADF + tc + e]); }
-        *(uint4*)(Vb + a * SCAN_PADV + c) = o;
-        *(uint4*)(Vn + (r0 + a) * V + v0 + c) = o;
+    int b = 0;
+    for (long it = blockIdx.x; it < items; it += gridDim.x) {
+        long next = it + gridDim.x;
+        if (op.ns == 2) { // the other buffer was freed by the last item's end
+            if (next < items) { stage(b ^ 1, next); }
+            __pipeline_commit();
+            __pipeline_wait_prior(1); // this item's copies
+        } else {
+            __pipeline_wait_prior(0);
+        }
+        __syncthreads();
+        unsigned char* base = smem_raw + b * z.stage;
+        const __nv_bfloat16 *Ws = (const __nv_bfloat16*)(base + z.w), *Qgs = (const __nv_bfloat16*)(base + z.qg);
+        const __nv_bfloat16 *Sb = (const __nv_bfloat16*)(base + z.sb), *Us = (const __nv_bfloat16*)(base + z.u);
+        const __nv_bfloat16* Ps = (const __nv_bfloat16*)(base + z.p);
+        long r0 = it / parts * C;
+        int v0 = (int)(it % parts) * bw;
+        for (int t = warp; t < mt * nt; t += NW) { // V' tiles
+            int i = t / nt, j = t % nt;
+            FragC acc;
+            wmma::fill_fragment(acc, 0.0f);
+            mma_steps<FragB>(acc, Ws + 16 * i * kp, kp, Sb + 16 * j, 16 * vp, vp, kt);
+            wmma::store_matrix_sync(scr, acc, OUTS_LDS, wmma::mem_row_major);
+            __syncwarp();
+            int a = 16 * i + tr, c = 16 * j + tc;
+            uint4 u = *(const uint4*)(Us + a * vp + c), o;
+            const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
+            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
+            #pragma unroll
+            for (int e = 0; e < 8; e++) { ob[e] = __float2bfloat16(__bfloat162float(ub[e]) - scr[tr * OUTS_LDS + tc + e]); }
+            *(uint4*)(Vb + a * vp + c) = o;
+            *(uint4*)(Vn + (r0 + a) * V + v0 + c) = o;
+            __syncwarp(); // the scratch is read before the next tile's store
+        }
+        __syncthreads(); // every V' tile is in Vb
+        for (int t = warp; t < mt * nt; t += NW) { // O tiles: Qg Sb, then P V' (P lower with diagonal: k <= oi)
+            int oi = t / nt, oj = t % nt;
+            FragC oacc;
+            wmma::fill_fragment(oacc, 0.0f);
+            mma_steps<FragB>(oacc, Qgs + 16 * oi * kp, kp, Sb + 16 * oj, 16 * vp, vp, kt);
+            mma_steps<FragB>(oacc, Ps + 16 * oi * lp, lp, Vb + 16 * oj, 16 * vp, vp, oi + 1);
+            wmma::store_matrix_sync(scr, oacc, OUTS_LDS, wmma::mem_row_major);
+            __syncwarp();
+            *(uint4*)(O + (r0 + 16 * oi + tr) * V + v0 + 16 * oj + tc) = round8_bf16(scr + tr * OUTS_LDS + tc);
+            __syncwarp();
+        }
+        __syncthreads(); // this stage buffer and Vb are free
+        if (op.ns == 2) { b ^= 1; }
+        else {
+            if (next < items) { stage(b, next); }
+            __pipeline_commit();
+        }
     }
-    __pipeline_wait_prior(0);
-    __syncthreads(); // every V' tile is in Vb, Qg and P are staged; Vt is free
-    for (int t = warp; t < mt * 2; t += nw) { // O tiles: Qg Sb, then P V' (P lower with diagonal: blocks k <= oi)
-        int oi = t / 2, oj = t % 2;
-        FragC oacc;
-        wmma::fill_fragment(oacc, 0.0f);
-        mma_steps<FragB>(oacc, Qgs + 16 * oi * kp, kp, Sb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, kt);
-        mma_steps<FragB>(oacc, Ps + 16 * oi * lp, lp, Vb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, oi + 1);
-        float* ot = Vt + 16 * oi * SCAN_PADF + 16 * oj;
-        wmma::store_matrix_sync(ot, oacc, SCAN_PADF, wmma::mem_row_major);
-        __syncwarp();
-        *(uint4*)(O + (r0 + 16 * oi + tr) * V + v0 + 16 * oj + tc) = round8_bf16(ot + tr * SCAN_PADF + tc);
+}
+// The remake's plan: OUTS_DEFAULT (bw 0 = all of V) where it fits, else the widest bw (V / n, a multiple of SCAN_BV)
+// that does with the same ns and warps, else 32 columns, one stage, 8 warps; nw 0 if nothing fits. outs_force (the
+// kernel lab): that choice where it fits.
+static const OutsPlan OUTS_DEFAULT = {0, 2, 8};
+static OutsPlan outs_force = {0, 0, 0};
+static bool outs_fits(int C, int K, OutsPlan o) { return outs_smem(C, K, o).bytes + 1024 <= (size_t)smem_optin; }
+static OutsPlan outs_plan_for(int C, int K, int V) {
+    OutsPlan o = outs_force.nw ? outs_force : OUTS_DEFAULT;
+    if (o.bw == 0) { o.bw = V; }
+    if (outs_force.nw) { return o.bw > 0 && V % o.bw == 0 && o.bw % SCAN_BV == 0 && outs_fits(C, K, o) ? o : OutsPlan{0, 0, 0}; }
+    for (int n = V / o.bw; n <= V / SCAN_BV; n++) {
+        OutsPlan t = {V / n, o.ns, o.nw};
+        if (V % n == 0 && t.bw % SCAN_BV == 0 && outs_fits(C, K, t)) { return t; }
     }
+    OutsPlan t = {SCAN_BV, 1, 8};
+    return outs_fits(C, K, t) ? t : OutsPlan{0, 0, 0};
+}
+static void state_outputs_wmma(floatX* Vn, floatX* O, const floatX* hstate, const floatX* W, const floatX* U, const floatX* Qg,
+                               const floatX* P, const ChunkShape& s, OutsPlan op) {
+    auto kernel = op.nw == 16 ? state_outputs_wmma_kernel<16> : state_outputs_wmma_kernel<8>;
+    size_t sm = outs_smem(s.C, s.K, op).bytes;
+    int per_sm = 0; // persistent blocks: as many as fit on the device at once
+    cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * op.nw, sm));
+    long items = s.nq * (s.V / op.bw);
+    int grid = (int)std::min(items, (long)std::max(per_sm, 1) * num_sms);
+    kernel<<<grid, 32 * op.nw, sm, main_stream>>>(Vn, O, hstate, W, U, Qg, P, s, op);
+    cudaCheck(cudaGetLastError());
 }
 
 // backward scan on tensor cores: dhstate[c] = dS; dV' = Pᵀ dO + Kd dS; dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'. The local
@@ -2751,7 +2840,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
                                                                       float* dS0, ChunkShape s, ScanGroups sg) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
-    int blk = blockIdx.x, bh = blk / sg.G, v0 = blockIdx.y * SCAN_BV, warp = threadIdx.x / 32;
+    int blk = blockIdx.y, bh = blk / sg.G, v0 = blockIdx.x * SCAN_BV, warp = threadIdx.x / 32;
     int lo = blk % sg.G * sg.M, hi = min(s.NC, lo + sg.M); // this block's chunks, walked from hi - 1 down to lo
     bool outs = sg.mode & SCAN_OUT, homog = sg.mode & SCAN_HOMOG;
     unsigned char* p = smem_raw;
@@ -2945,8 +3034,8 @@ static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward, int ns) {
 static size_t smem_scan_wmma(const ChunkShape& s, int ns) { return std::max(smem_scan_wmma_dir(s, 0, ns), smem_scan_wmma_dir(s, 1, ns)); }
 static int scan_force_simt = 0; // the kernel lab sets it to time and check the fp32 SIMT scans in the bf16 build
 static bool scan_uses_wmma(const ChunkShape& s) {
-    return !scan_force_simt && s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 &&
-           smem_scan_wmma(s, 1) + 1024 <= (size_t)smem_optin;
+    return !scan_force_simt && s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 && (long)s.B * s.H <= 65535 &&
+           smem_scan_wmma(s, 1) + 1024 <= (size_t)smem_optin; // (b, h) is the grid's y
 }
 
 // Channel-decay scores on tensor cores (bf16 build; the fp32 build keeps the exact FMA kernels above, which remain the
@@ -3825,7 +3914,8 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(state_backward_wmma_kernel<1>, optin);
     allow_dynamic_smem(state_backward_wmma_kernel<2>, optin);
     allow_dynamic_smem(scan_groups_combine_kernel, optin);
-    allow_dynamic_smem(state_outputs_wmma_kernel, optin);
+    allow_dynamic_smem(state_outputs_wmma_kernel<8>, optin);
+    allow_dynamic_smem(state_outputs_wmma_kernel<16>, optin);
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
     allow_dynamic_smem(precond_exact_backward_kernel, optin);
@@ -3853,6 +3943,7 @@ struct MixerPlan {
     bool scores_fused;  // scalar / no decay: scores + (I + A)^-1 in one tensor-core kernel, and one for the backward
     bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
     bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
+    OutsPlan outs;      // with scan_wmma: the V'/O remake's work items, stage buffers and warps (outs_plan_for)
 };
 // Chunk groups for the tensor-core scans: enough (b, h, 32-column) blocks for two per multiprocessor, with at least 4
 // chunks a group; 1 where the sequential scan already fills the device (the 16 x 2048 training shape has 512 blocks).
@@ -3867,6 +3958,7 @@ static int scan_groups_for(const ChunkShape& s) {
     if (scan_groups_force > 0) { G = std::min(scan_groups_force, s.NC); }
     else if (!(SCAN_GROUPS_DEFAULT || scan_groups_force < 0) || blocks >= want || s.NC < 8) { return 1; }
     else { G = std::min(cdiv(want, blocks), s.NC / 4); }
+    G = std::max(1, std::min(G, 65535 / (s.B * s.H))); // (b, h, group) is the grid's y
     int M = cdiv(s.NC, G);
     return cdiv(s.NC, M); // no empty group
 }
@@ -3889,7 +3981,8 @@ static MixerPlan mixer_plan(const ChunkShape& s) {
     p.scan_groups = 1;
     p.scan_stages = 1;
 #ifndef ENABLE_FP32 // the fp32 build runs the exact SIMT / FMA kernels everywhere
-    p.scan_wmma = scan_uses_wmma(s);
+    p.outs = outs_plan_for(s.C, s.K, s.V);
+    p.scan_wmma = scan_uses_wmma(s) && p.outs.nw > 0;
     if (p.scan_wmma) { p.scan_groups = scan_groups_for(s); p.scan_stages = scan_stages_for(s, p.scan_groups); }
     p.scores_fused = scores_scalar_fused(s);
     p.scores_tc = scores_use_tc(s);
@@ -3905,12 +3998,16 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
     const char* scores = s.gk > 1 ? (p.scores_tc ? "channel-decay scores on tensor cores" : "channel-decay scores by FMA (exact)")
                                   : (p.scores_fused ? "scores + inverse fused on tensor cores"
                                                     : "scores by batched GEMMs + mask, blocked inverse");
-    char scan[128];
+    char scan[256];
     snprintf(scan, sizeof scan, "%s%s", p.scan_wmma ? "state scans on tensor cores (they make O and P^T dO too)"
                                                     : "SIMT fp32 state scans + batched GEMMs",
              p.scan_groups > 1 ? ", two-level" : "");
     if (p.scan_groups > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), " in %d chunk groups", p.scan_groups); }
     if (p.scan_stages > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", next chunk staged whole"); }
+    if (p.scan_wmma) {
+        snprintf(scan + strlen(scan), sizeof scan - strlen(scan), "; V', O made again by %d columns, %d stage%s, %d warps",
+                 p.outs.bw, p.outs.ns, p.outs.ns > 1 ? "s" : "", p.outs.nw);
+    }
     printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, pad, s.C, scan, scores,
            p.finish_rows ? "a warp per row" : "a block per chunk");
 }
@@ -3924,7 +4021,7 @@ static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0
     auto scan_kernel = ns == 2 ? state_forward_wmma_kernel<2> : state_forward_wmma_kernel<1>;
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_FWD, K = s.K, V = s.V;
     if (ng <= 1) {
-        scan_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
+        scan_kernel<<<dim3(V / SCAN_BV, BH), nt, sm, main_stream>>>(
             sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, S0, S_final, s, SCAN_SEQ);
         cudaCheck(cudaGetLastError());
         return;
@@ -3932,14 +4029,14 @@ static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0
     int M = cdiv(s.NC, ng);
     ChunkShape sk = s;
     sk.V = K; // the transition's scan: a K x K state
-    scan_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(V / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, sc->W, sc->U, sc->Kd, nullptr, nullptr, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
-    scan_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(K / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, sc->W, nullptr, sc->Kd, nullptr, nullptr, sv->G, nullptr, sc->gT, sk,
         ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
     scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
         sc->gS, S_final, sc->gT, sc->gB, S0, ng, K, V, 0);
-    scan_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(V / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
         sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
     cudaCheck(cudaGetLastError());
 }
@@ -3949,7 +4046,7 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
     auto scan_kernel = ns == 2 ? state_backward_wmma_kernel<2> : state_backward_wmma_kernel<1>;
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_BWD, K = s.K, V = s.V;
     if (ng <= 1) {
-        scan_kernel<<<dim3(BH, V / SCAN_BV), nt, sm, main_stream>>>(
+        scan_kernel<<<dim3(V / SCAN_BV, BH), nt, sm, main_stream>>>(
             sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, nullptr, s, SCAN_SEQ);
         cudaCheck(cudaGetLastError());
         return;
@@ -3957,14 +4054,14 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
     int M = cdiv(s.NC, ng);
     ChunkShape sk = s;
     sk.V = K;
-    scan_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(V / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
         nullptr, nullptr, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
-    scan_kernel<<<dim3(BH * ng, K / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(K / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, nullptr, sc->W, nullptr, sc->Kd, sv->G, nullptr, sc->gT, sk,
         ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
     scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
         sc->gS, nullptr, sc->gT, sc->gB, nullptr, ng, K, V, 1);
-    scan_kernel<<<dim3(BH * ng, V / SCAN_BV), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(V / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
         sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
     cudaCheck(cudaGetLastError());
 }
@@ -3988,11 +4085,8 @@ static void mixer_remake(MixerSaved* sv, MixerScratch* sc, const floatX* Q, cons
     chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
     mixer_wy(sc, sv, s);
 #ifndef ENABLE_FP32
-    if (mixer_plan(s).scan_wmma) {
-        state_outputs_wmma_kernel<<<(unsigned)(s.nq * (s.V / SCAN_BV)), 256, outs_smem(s.C, s.K).bytes, main_stream>>>(
-            sv->Vn, sv->O, sv->hstate, sc->W, sc->U, sc->Qg, sv->P, s);
-        cudaCheck(cudaGetLastError());
-    }
+    MixerPlan p = mixer_plan(s);
+    if (p.scan_wmma) { state_outputs_wmma(sv->Vn, sv->O, sv->hstate, sc->W, sc->U, sc->Qg, sv->P, s, p.outs); }
 #endif
 }
 

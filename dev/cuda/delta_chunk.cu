@@ -77,6 +77,12 @@ static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of
 #endif
 #define LAB_MAX_GROUPS 16   // the group buffers' size (validation: <= 7 groups; timing at T = 16384: 9)
 static const int CHUNK = 64; // the trainer's default --chunk
+#ifndef ENABLE_FP32
+// the V'/O remake's choices (OutsPlan: value columns a work item, stage buffers, warps) that validation checks bit for
+// bit and the timing compares (bw 0: all of V)
+static const OutsPlan OUTS_LAB[] = {{32, 1, 8}, {32, 2, 8}, {32, 1, 16}, {64, 1, 8}, {64, 2, 8}, {64, 2, 16},
+                                    {128, 1, 16}, {128, 2, 8}, {128, 2, 16}};
+#endif
 static const float PC_X = 1.5f, PC_EPS = 1e-6f; // MODEL.md §3.6: squash x, eps
 
 // v1: make the tensor-core tests fail; v2: the device's real limits. Returns whether `s` then runs version v.
@@ -387,6 +393,27 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
                 lab_check_exact(what, bad, (long)all.size());
             }
         }
+#ifndef ENABLE_FP32
+        for (OutsPlan o : OUTS_LAB) { // every remake choice the timing compares makes the forward's V' and O
+            if (v != 2 || o.bw > V) { continue; }
+            outs_force = o;
+            OutsPlan op = mixer_plan(s).outs;
+            if (op.nw) {
+                lab_poison(d.sv.Vn, rows * V * sizeof(floatX));
+                lab_poison(d.sv.O, rows * V * sizeof(floatX));
+                mixer_remake(&d.sv, &d.sc, d.q, d.k, kt, d.v, d.beta, s.gk ? d.g : nullptr, s);
+                cudaCheck(cudaDeviceSynchronize());
+                std::vector<floatX> vo = lab_download(d.sv.Vn, rows * V), o2 = lab_download(d.sv.O, rows * V);
+                vo.insert(vo.end(), o2.begin(), o2.end());
+                long bad = 0;
+                for (size_t i = 0; i < vo.size(); i++) { bad += memcmp(&vo[i], &fwd_vo[i], sizeof(floatX)) != 0; }
+                snprintf(what, sizeof what, "%s V', O made again (%d columns, %d stages, %d warps) = the forward's", tag,
+                         op.bw, op.ns, op.nw);
+                lab_check_exact(what, bad, (long)vo.size());
+            }
+            outs_force = OutsPlan{0, 0, 0};
+        }
+#endif
     }
     d.ar.release();
 }
@@ -443,6 +470,34 @@ static void bench(int version_sel) {
             }
         }
     }
+#ifndef ENABLE_FP32
+    if (!version_sel || version_sel == 2) { // the V'/O remake alone, every choice (gdn; the remake does not see the decay)
+        printf("\n=== timing: the V'/O remake alone (state_outputs_wmma), gdn, H=%d K=V=%d; the plan's default: ", H, K);
+        OutsPlan def = outs_plan_for(CHUNK, K, V);
+        printf("%d columns, %d stages, %d warps ===\n", def.bw, def.ns, def.nw);
+        printf("%4s %6s %8s %7s %6s %10s %8s\n", "B", "T", "columns", "stages", "warps", "ms", "GB/s");
+        for (int i = 0; i < NSH; i++) {
+            int B = Bs[i], T = Ts[i];
+            if (T < 8192 && B == 1) { continue; }
+            ChunkShape s{B, H, T, T, CHUNK, T / CHUNK, K, V, 1, (long)B * H * (T / CHUNK)};
+            select_version(2, s);
+            delta_forward(d, s, d.k, 0);
+            mixer_remake(&d.sv, &d.sc, d.q, d.k, d.k, d.v, d.beta, d.g, s);
+            // bytes read and written once: W, Qg, U, the states, P; V', O
+            double gb = ((double)s.nq * CHUNK * (2 * K + V) + (double)s.nq * K * V + (double)s.nq * CHUNK * CHUNK +
+                         2.0 * s.nq * CHUNK * V) * sizeof(floatX) / 1e9;
+            for (OutsPlan o : OUTS_LAB) {
+                outs_force = o;
+                OutsPlan op = mixer_plan(s).outs;
+                outs_force = OutsPlan{0, 0, 0};
+                if (!op.nw) { continue; }
+                double t = bench_ms([&] { state_outputs_wmma(d.sv.Vn, d.sv.O, d.sv.hstate, d.sc.W, d.sc.U, d.sc.Qg, d.sv.P, s, op); });
+                printf("%4d %6d %8d %7d %6d %10.3f %8.0f\n", B, T, op.bw, op.ns, op.nw, t, gb / t * 1e3);
+                fflush(stdout);
+            }
+        }
+    }
+#endif
     printf("\n");
     d.ar.release();
 }
