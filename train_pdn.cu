@@ -2415,12 +2415,14 @@ typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_majo
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBT;
-// acc += Σ_k A_k B_k over n steps of 16: A_k = the 16 x 16 block at a + 16 k (row-major, stride lda), B_k at
-// b + k bstep (stride ldb; FB = FragB row-major, bstep 16 ldb, or FragBT for a transposed operand, bstep 16). Every
-// tensor-core product that is made again elsewhere goes through this one loop: the same fragments in the same order
-// give the same fp32 sums, which V', O and Mk made again in the backward rely on.
-#ifdef MMA_PTX
-// ldmatrix (x4, optionally transposed) of a 16 x 16 bf16 block in shared memory: lane l gives the address of its row
+// The products run as mma.sync m16n8k16 (bf16, fp32 accumulation) on operands loaded from shared memory by ldmatrix
+// (.trans where the operand is stored the other way round): WMMA's own loads compile to single 16- and 32-bit loads
+// on sm_90 (no LDSM in the SASS), which kept these kernels waiting on shared memory and integer work; on the H200
+// (2026-12-03, dev/cuda/delta_chunk) the V'/O remake went from 0.37 to 0.28 ms at 16 x 2048 and the mixer's forward +
+// backward 6-7% faster from this alone. The accumulator stays a WMMA fragment (filled, loaded and stored by WMMA): on
+// sm_80 and later its 8 floats per lane are the two m16n8 accumulators of mma.sync, columns 0-7 then 8-15 (every
+// kernel lab check against the double reference rests on it and fails loudly where it does not hold).
+// ldmatrix x4 of a 16 x 16 bf16 block: p is this lane's row address (16-byte aligned rows)
 __device__ __forceinline__ void ldsm_x4(unsigned r[4], const __nv_bfloat16* p) {
     unsigned a = (unsigned)__cvta_generic_to_shared(p);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -2431,19 +2433,32 @@ __device__ __forceinline__ void ldsm_x4_t(unsigned r[4], const __nv_bfloat16* p)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
 }
+// c (4 floats: one m16n8 accumulator) += a (16 x 16) b (16 x 8)
 __device__ __forceinline__ void mma_16816(float* c, const unsigned a[4], unsigned b0, unsigned b1) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// this lane's row address in a 16 x 16 block at p (row stride ld) for ldmatrix x4: as stored (the A operand, or a
+// transposed B through .trans), or for an operand used transposed (rows and columns of the four 8 x 8 blocks swapped)
+__device__ __forceinline__ const __nv_bfloat16* ldsm_row(const __nv_bfloat16* p, int ld) {
+    int l = threadIdx.x % 32;
+    return p + (l % 16) * ld + (l / 16) * 8;
+}
+__device__ __forceinline__ const __nv_bfloat16* ldsm_row_t(const __nv_bfloat16* p, int ld) {
+    int l = threadIdx.x % 32;
+    return p + ((l & 7) + ((l >> 4) << 3)) * ld + ((l >> 3) & 1) * 8;
+}
+// acc += Σ_k A_k B_k over n steps of 16: A_k = the 16 x 16 block at a + 16 k (row-major, stride lda), B_k at
+// b + k bstep (stride ldb; FB = FragB row-major, bstep 16 ldb, or FragBT for a transposed operand, bstep 16). Every
+// tensor-core product that is made again elsewhere goes through this one loop: the same fragments in the same order
+// give the same fp32 sums, which V', O and Mk made again in the backward rely on.
 template <typename FB>
 __device__ __forceinline__ void mma_steps(FragC& acc, const __nv_bfloat16* a, int lda, const __nv_bfloat16* b, long bstep,
                                           int ldb, int n) {
-    int l = threadIdx.x % 32;
-    const __nv_bfloat16* pa = a + (l % 16) * lda + (l / 16) * 8;
     const bool bt = std::is_same<FB, FragBT>::value;
-    const __nv_bfloat16* pb = bt ? b + ((l & 7) + ((l >> 4) << 3)) * ldb + ((l >> 3) & 1) * 8 : b + (l % 16) * ldb + (l / 16) * 8;
+    const __nv_bfloat16 *pa = ldsm_row(a, lda), *pb = bt ? ldsm_row_t(b, ldb) : ldsm_row(b, ldb);
     for (int k = 0; k < n; k++) {
         unsigned ra[4], rb[4];
         ldsm_x4(ra, pa + 16 * k);
@@ -2452,19 +2467,19 @@ __device__ __forceinline__ void mma_steps(FragC& acc, const __nv_bfloat16* a, in
         mma_16816(acc.x + 4, ra, rb[2], rb[3]);
     }
 }
-#else
-template <typename FB>
-__device__ __forceinline__ void mma_steps(FragC& acc, const __nv_bfloat16* a, int lda, const __nv_bfloat16* b, long bstep,
-                                          int ldb, int n) {
+// acc += Σ_k A_kᵀ B_k: A_k the 16 x 16 block at a + 16 k lda (stored row-major, used transposed: Kdᵀ, Qgᵀ, Wᵀ,
+// Pᵀ), B_k row-major at b + k bstep (stride ldb)
+__device__ __forceinline__ void mma_steps_t(FragC& acc, const __nv_bfloat16* a, int lda, const __nv_bfloat16* b, long bstep,
+                                            int ldb, int n) {
+    const __nv_bfloat16 *pa = ldsm_row_t(a, lda), *pb = ldsm_row(b, ldb);
     for (int k = 0; k < n; k++) {
-        FragA fa;
-        FB fb;
-        wmma::load_matrix_sync(fa, a + 16 * k, lda);
-        wmma::load_matrix_sync(fb, b + k * bstep, ldb);
-        wmma::mma_sync(acc, fa, fb, acc);
+        unsigned ra[4], rb[4];
+        ldsm_x4_t(ra, pa + 16 * k * lda);
+        ldsm_x4_t(rb, pb + k * bstep);
+        mma_16816(acc.x, ra, rb[0], rb[1]);
+        mma_16816(acc.x + 4, ra, rb[2], rb[3]);
     }
 }
-#endif
 
 // The chunk's operands are staged in shared memory with cp.async one chunk ahead (each buffer refilled as soon as
 // the current chunk is done with it), so no global-memory latency sits on the chunk-to-chunk chain, which is what
@@ -2665,13 +2680,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
             FragC acc;
             wmma::load_matrix_sync(acc, S + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] *= fs; }
-            for (int k = 0; k < mt; k++) {
-                FragAT fa;
-                FragB fb;
-                wmma::load_matrix_sync(fa, Kds + 16 * k * kp + 16 * i, kp);
-                wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
+            mma_steps_t(acc, Kds + 16 * i, kp, Vb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, mt);
             wmma::store_matrix_sync(S + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
             __syncwarp();
             int a = 16 * i + tr, c = 16 * j + tc;
@@ -2800,7 +2809,7 @@ __global__ void __launch_bounds__(32 * NW) state_outputs_wmma_kernel(floatX* Vn,
 // The remake's plan: OUTS_DEFAULT (bw 0 = all of V) where it fits, else the widest bw (V / n, a multiple of SCAN_BV)
 // that does with the same ns and warps, else 32 columns, one stage, 8 warps; nw 0 if nothing fits. outs_force (the
 // kernel lab): that choice where it fits.
-static const OutsPlan OUTS_DEFAULT = {0, 2, 8};
+static const OutsPlan OUTS_DEFAULT = {0, 2, 16};
 static OutsPlan outs_force = {0, 0, 0};
 static bool outs_fits(int C, int K, OutsPlan o) { return outs_smem(C, K, o).bytes + 1024 <= (size_t)smem_optin; }
 static OutsPlan outs_plan_for(int C, int K, int V) {
@@ -2913,20 +2922,10 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             int i = t / 2, j = t % 2;
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
-            for (int k = i; !homog && k < mt; k++) { // P lower with diagonal: (Pᵀ)_ik nonzero for k >= i
-                FragAT fa;
-                FragB fb;
-                wmma::load_matrix_sync(fa, Ps + 16 * k * lp + 16 * i, lp);
-                wmma::load_matrix_sync(fb, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, fa, fb, acc);
+            if (!homog) { // P lower with diagonal: (Pᵀ)_ik nonzero for k >= i
+                mma_steps_t(acc, Ps + 16 * i * lp + 16 * i, lp, dOs + 16 * i * SCAN_PADV + 16 * j, 16 * SCAN_PADV, SCAN_PADV, mt - i);
             }
-            for (int k = 0; k < kt; k++) {
-                FragA fa;
-                FragB fb;
-                wmma::load_matrix_sync(fa, Kds + 16 * i * kp + 16 * k, kp);
-                wmma::load_matrix_sync(fb, dSb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
+            mma_steps<FragB>(acc, Kds + 16 * i * kp, kp, dSb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, kt);
             wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
             __syncwarp();
             int row = 16 * i + tr, c = 16 * j + tc;
@@ -2960,18 +2959,8 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] *= fs; }
             wmma::fill_fragment(neg, 0.0f);
-            for (int k = 0; k < mt; k++) {
-                FragAT fa;
-                FragB fb;
-                if (!homog) {
-                    wmma::load_matrix_sync(fa, Qgs + 16 * k * kp + 16 * i, kp);
-                    wmma::load_matrix_sync(fb, dOs + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                    wmma::mma_sync(acc, fa, fb, acc);
-                }
-                wmma::load_matrix_sync(fa, Ws + 16 * k * kp + 16 * i, kp);
-                wmma::load_matrix_sync(fb, Vb + 16 * k * SCAN_PADV + 16 * j, SCAN_PADV);
-                wmma::mma_sync(neg, fa, fb, neg);
-            }
+            if (!homog) { mma_steps_t(acc, Qgs + 16 * i, kp, dOs + 16 * j, 16 * SCAN_PADV, SCAN_PADV, mt); }
+            mma_steps_t(neg, Ws + 16 * i, kp, Vb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, mt);
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] -= neg.x[e]; }
             wmma::store_matrix_sync(dS + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
             __syncwarp();
@@ -3292,24 +3281,12 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
         wmma::fill_fragment(acc, 0.0f);
         if (which < 2) { // dq_s = dPm K̃ or dk̂_s = dMm K̃: row block I needs column blocks J <= I
             const __nv_bfloat16* Dx = which == 0 ? dPx : dMx;
-            for (int J = 0; J <= I; J++) {
-                FragA a;
-                FragB b;
-                wmma::load_matrix_sync(a, Dx + 16 * I * lc + 16 * J, lc);
-                wmma::load_matrix_sync(b, Kts + 16 * J * kp + 16 * n, kp);
-                wmma::mma_sync(acc, a, b, acc);
-            }
+            mma_steps<FragB>(acc, Dx + 16 * I * lc, lc, Kts + 16 * n, 16 * kp, kp, I + 1);
             wmma::store_matrix_sync((which == 0 ? dq_s : dkh_s) + (r0 + 16 * I) * K + 16 * n, acc, K, wmma::mem_row_major);
         } else { // dk̃_s = dPmᵀ Q̂ + dMmᵀ K̂: row block I of the output takes the blocks (J, I), J >= I, transposed
-            for (int J = I; J < nb; J++) {
-                FragAT a;
-                FragB b;
-                wmma::load_matrix_sync(a, dPx + 16 * J * lc + 16 * I, lc);
-                wmma::load_matrix_sync(b, Qs + 16 * J * kp + 16 * n, kp);
-                wmma::mma_sync(acc, a, b, acc);
-                wmma::load_matrix_sync(a, dMx + 16 * J * lc + 16 * I, lc);
-                wmma::load_matrix_sync(b, Khs + 16 * J * kp + 16 * n, kp);
-                wmma::mma_sync(acc, a, b, acc);
+            for (int J = I; J < nb; J++) { // one step each, alternating, in the order of the sums
+                mma_steps_t(acc, dPx + 16 * J * lc + 16 * I, lc, Qs + 16 * J * kp + 16 * n, 0, kp, 1);
+                mma_steps_t(acc, dMx + 16 * J * lc + 16 * I, lc, Khs + 16 * J * kp + 16 * n, 0, kp, 1);
             }
             wmma::store_matrix_sync(dkt_s + (r0 + 16 * I) * K + 16 * n, acc, K, wmma::mem_row_major);
         }
