@@ -2396,10 +2396,10 @@ __global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float*
 // the V'/O remake's work items, stage buffers and warps (state_outputs_wmma_kernel; none in the fp32 build)
 struct OutsPlan { int bw, ns, nw; };
 #ifndef ENABLE_FP32
-// The same two scans on tensor cores (bf16 WMMA 16x16x16, fp32 accumulation), for K and C multiples of 16 and V of
-// SCAN_BV. One block per (b, h, 32 value columns) on the grid (value slices, b h): a head's slices are neighbouring
-// blocks, resident at the same time, so each chunk's W, Kd, Qg (the same for every slice) come from the L2 after the
-// first slice's read. The state S stays fp32 in shared memory; its bf16 copy Sb is the MMA operand (and what hstate
+// The same two scans on tensor cores (bf16 mma.sync m16n8k16 through mma_steps below, fp32 accumulation), for K and C
+// multiples of 16 and V of SCAN_BV. One block per (b, h, 32 value columns) on the grid (value slices, b h): a head's
+// slices are neighbouring blocks, resident at the same time, so each chunk's W, Kd, Qg (the same for every slice)
+// can come from the L2 after the first slice's read (on the H200 the order made no measurable difference, 2026-12-03). The state S stays fp32 in shared memory; its bf16 copy Sb is the MMA operand (and what hstate
 // stores), as in the fp32 scan's use of the stored V'. The chunk's operands are staged in shared memory (below).
 using namespace nvcuda;
 // warps of a scan block; the output tiles of each product are dealt out among them. Measured on an H200 at the
@@ -2417,11 +2417,13 @@ typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBT;
 // The products run as mma.sync m16n8k16 (bf16, fp32 accumulation) on operands loaded from shared memory by ldmatrix
 // (.trans where the operand is stored the other way round): WMMA's own loads compile to single 16- and 32-bit loads
-// on sm_90 (no LDSM in the SASS), which kept these kernels waiting on shared memory and integer work; on the H200
-// (2026-12-03, dev/cuda/delta_chunk) the V'/O remake went from 0.37 to 0.28 ms at 16 x 2048 and the mixer's forward +
-// backward 6-7% faster from this alone. The accumulator stays a WMMA fragment (filled, loaded and stored by WMMA): on
-// sm_80 and later its 8 floats per lane are the two m16n8 accumulators of mma.sync, columns 0-7 then 8-15 (every
-// kernel lab check against the double reference rests on it and fails loudly where it does not hold).
+// on sm_90 (no LDSM in the SASS), which kept these kernels waiting on shared memory and integer work. On the H200
+// (2026-12-03, dev/cuda/delta_chunk) the V'/O remake went from 0.37 to 0.28 ms at 16 x 2048 with mma_steps alone, and
+// with the scans and the scalar scores' backward too the mixer's forward + backward from 4.34 to 3.75 ms (pgdn,
+// 16 x 2048) and from 4.27 to 3.39 ms (dn, B = 1, T = 16384). The channel-decay score kernels still use WMMA's loads.
+// The accumulator stays a WMMA fragment (filled, loaded and stored by WMMA): on sm_80 and later its 8 floats per lane
+// are the two m16n8 accumulators of mma.sync, columns 0-7 then 8-15 (every kernel lab check against the double
+// reference rests on it and fails loudly where it does not hold).
 // ldmatrix x4 of a 16 x 16 bf16 block: p is this lane's row address (16-byte aligned rows)
 __device__ __forceinline__ void ldsm_x4(unsigned r[4], const __nv_bfloat16* p) {
     unsigned a = (unsigned)__cvta_generic_to_shared(p);
@@ -3802,6 +3804,8 @@ static void to_floatX(floatX* out, const float* in, long n) {
 }
 
 // Per-layer mixer tensors kept from the forward for the backward (head-major padded unless noted)
+// (the trainer allocates only what its plan needs: no Mk with the fused scalar scores, whose backward makes it again;
+// with the tensor-core scans Vn and O point at one pair for all layers, Acts::vn / Acts::o, made again by mixer_remake)
 struct MixerSaved {
     float *G, *Mk;                  // (rows, gw) cumsum; (nq, C, C) decayed K̂K̃ᵀ, strictly lower
     floatX *Tx, *P;                 // (nq, C, C) (I + A)^-1 and the decayed Q̂K̃ᵀ

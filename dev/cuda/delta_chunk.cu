@@ -10,7 +10,8 @@ Versions (everything else is the trainer's code):
       scores_channel_backward_kernel; for scalar and no decay the scores as batched GEMMs + scores_mask_kernel /
       bwd_scores_mask_kernel, and tri_inverse_kernel on its own
   v2  tensor cores: state_forward_wmma_kernel (also makes O) / state_backward_wmma_kernel (also makes Pᵀ dO), bf16
-      WMMA 16x16x16 with fp32 state; channel-decay scores scores_channel_tc_kernel / scores_channel_dq_tc_kernel /
+      mma.sync m16n8k16 on ldmatrix loads (mma_steps, mma_steps_t; until 2026-12-03 WMMA's loads) with fp32 state;
+      channel-decay scores scores_channel_tc_kernel / scores_channel_dq_tc_kernel /
       scores_channel_dkt_tc_kernel; scalar/no-decay scores with the inverse scores_scalar_tc_kernel and their
       backward bwd_scores_scalar_tc_kernel: what the bf16 trainer runs whenever scan_uses_wmma() / scores_use_tc() /
       scores_scalar_fused() allow it. Not compiled in the fp32 build.
@@ -29,6 +30,10 @@ Versions (everything else is the trainer's code):
       two stages only where the scan has fewer than two blocks per multiprocessor.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
+v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
+stage buffers, warps: MixerPlan.outs) and checks each bit for bit; the timing ends with a table of the remake alone
+under each choice (on the H200, 2026-12-03: all of V, two stage buffers, 16 warps is the fastest at B = 16 T = 2048
+and B = 1 T = 16384, the trainer's OUTS_DEFAULT).
 The trainer picks inside delta_chunk_forward/backward with those tests; the lab forces v1 by making them fail
 (scan_force_simt, scores_force_fma) and checks which path was taken.
 
