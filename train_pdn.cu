@@ -2410,8 +2410,6 @@ using namespace nvcuda;
 #ifndef SCAN_WARPS_BWD
 #define SCAN_WARPS_BWD 8
 #endif
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragA;
-typedef wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragAT;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> FragB;
 typedef wmma::fragment<wmma::accumulator, 16, 16, 16, float> FragC;
 typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> FragBT;
@@ -2420,7 +2418,7 @@ typedef wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_majo
 // on sm_90 (no LDSM in the SASS), which kept these kernels waiting on shared memory and integer work. On the H200
 // (2026-12-03, dev/cuda/delta_chunk) the V'/O remake went from 0.37 to 0.28 ms at 16 x 2048 with mma_steps alone, and
 // with the scans and the scalar scores' backward too the mixer's forward + backward from 4.34 to 3.75 ms (pgdn,
-// 16 x 2048) and from 4.27 to 3.39 ms (dn, B = 1, T = 16384). The channel-decay score kernels still use WMMA's loads.
+// 16 x 2048) and from 4.27 to 3.39 ms (dn, B = 1, T = 16384). The channel-decay scores' kernels followed.
 // The accumulator stays a WMMA fragment (filled, loaded and stored by WMMA): on sm_80 and later its 8 floats per lane
 // are the two m16n8 accumulators of mma.sync, columns 0-7 then 8-15 (every kernel lab check against the double
 // reference rests on it and fails loudly where it does not hold).
@@ -3142,13 +3140,7 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
             if (warp < 2) { // warp 0: Mk_IJ = (k̂ scaled)(k̃ scaled)ᵀ, warp 1: P_IJ = (q̂ scaled)(k̃ scaled)ᵀ
                 FragC acc;
                 wmma::fill_fragment(acc, 0.0f);
-                for (int k = 0; k < K / 16; k++) {
-                    FragA a;
-                    FragBT b;
-                    wmma::load_matrix_sync(a, (warp == 0 ? kI : qI) + 16 * k, lk);
-                    wmma::load_matrix_sync(b, bh + 16 * k, lk);
-                    wmma::mma_sync(acc, a, b, acc);
-                }
+                mma_steps<FragBT>(acc, warp == 0 ? kI : qI, lk, bh, 16, lk, K / 16);
                 wmma::store_matrix_sync((warp == 0 ? oM : oP) + J * SUB, acc, C, wmma::mem_row_major);
             }
         }
@@ -3335,16 +3327,11 @@ __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, 
                 bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * __expf(g_s[f * lg + c] - g_s[rj * lg + c]));
             }
             __syncthreads();
-            FragA ap, am;
-            wmma::load_matrix_sync(ap, dpx + f * lc + J * SUB, lc);
-            wmma::load_matrix_sync(am, dmx + f * lc + J * SUB, lc);
             for (int t = 0; t < 2; t++) {
                 int n = warp + 8 * t;
                 if (n >= nt) { break; }
-                FragB b;
-                wmma::load_matrix_sync(b, bh + 16 * n, lk);
-                wmma::mma_sync(accq[t], ap, b, accq[t]);
-                wmma::mma_sync(acck[t], am, b, acck[t]);
+                mma_steps<FragB>(accq[t], dpx + f * lc + J * SUB, lc, bh + 16 * n, 0, lk, 1);
+                mma_steps<FragB>(acck[t], dmx + f * lc + J * SUB, lc, bh + 16 * n, 0, lk, 1);
             }
         }
         __syncthreads(); // oq, ok are free; the staging is complete (I = 0)
@@ -3409,17 +3396,11 @@ __global__ void __launch_bounds__(256) scores_channel_dkt_tc_kernel(float* dkt_s
                 khh[i * lk + c] = __float2bfloat16(__bfloat162float(kh_s[ri * lk + c]) * ex);
             }
             __syncthreads();
-            FragAT ap, am; // dP_IJᵀ, dM_IJᵀ: the (i, j) blocks read column-major
-            wmma::load_matrix_sync(ap, dpx + I * SUB * lc + J * SUB, lc);
-            wmma::load_matrix_sync(am, dmx + I * SUB * lc + J * SUB, lc);
-            for (int t = 0; t < 2; t++) {
+            for (int t = 0; t < 2; t++) { // dP_IJᵀ, dM_IJᵀ: the (I, J) blocks used transposed
                 int n = warp + 8 * t;
                 if (n >= nt) { break; }
-                FragB b;
-                wmma::load_matrix_sync(b, qh + 16 * n, lk);
-                wmma::mma_sync(acc[t], ap, b, acc[t]);
-                wmma::load_matrix_sync(b, khh + 16 * n, lk);
-                wmma::mma_sync(acc[t], am, b, acc[t]);
+                mma_steps_t(acc[t], dpx + I * SUB * lc + J * SUB, lc, qh + 16 * n, 0, lk, 1);
+                mma_steps_t(acc[t], dmx + I * SUB * lc + J * SUB, lc, khh + 16 * n, 0, lk, 1);
             }
         }
         __syncthreads(); // ot is free; the staging is complete (J = nb - 1)
