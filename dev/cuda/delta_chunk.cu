@@ -41,7 +41,7 @@ CPU reference: the per-token recurrence of MODEL.md §3.7 in double (S̄ = exp(g
 S = S̄ + k̃ uᵀ, o = Sᵀ q̂) and its backward by hand (the model is delta_token_backward_bh in train_pdn.c), from the
 inputs as the device sees them (already rounded to floatX).
 
-Validation: B=2, H=2, T=200 (the last chunk of 64 is partial: 8 tokens), K=V=64 and K=V=128, every decay, one
+Validation: B=2, H=2, T=200 (the last chunk of 64 is partial: 8 tokens), K=V=64, 128 and 256, every decay, one
 and two keys, plus chunks of 32 and 16 at K=V=128 (the tile loops of the fused kernels at other --chunk values);
 outputs o and gradients dq, dk, dkt (two keys only: with one it is folded into dk and not written), dv, dbeta, dg
 compared by relative L2 error.
@@ -342,6 +342,12 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
         if (version_sel && v != version_sel) { continue; }
         char tag[96];
         snprintf(tag, sizeof tag, "v%d C=%-2d decay=%-7s keys=%d K=V=%-3d", v, C, decay_name(gk), two_keys ? 2 : 1, K);
+#ifndef ENABLE_FP32
+        if (v == 4 && smem_scan_wmma(s, 2) + 1024 > (size_t)smem_optin) { // by design: the plan then keeps one stage
+            printf("skip %s: %s: two stage buffers do not fit at K = %d\n", tag, VERSION_NAME[v], K);
+            continue;
+        }
+#endif
         if (!select_version(v, s)) {
             printf("FAIL %s: %s does not run at this shape (scan_uses_wmma() decided otherwise)\n", tag, VERSION_NAME[v]);
             lab_checks++;
@@ -516,7 +522,7 @@ int main(int argc, char** argv) {
         printf("\n=== validation: delta_chunk (%s) vs the per-token recurrence in double; B=2 H=2 T=200, chunk %d (and 32, "
                "16 at K=V=128: the tile loops at other --chunk values) ===\n", PRECISION_NAME, CHUNK);
         uint64_t seed = 1;
-        for (int K : {64, 128}) {
+        for (int K : {64, 128, 256}) { // 256: the largest head the tensor-core kernels take (issue 13's head sizes)
             for (int gk_kind = 0; gk_kind < 3; gk_kind++) {
                 for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, CHUNK, K, gk_kind, two_keys, seed++); }
             }
