@@ -2546,8 +2546,8 @@ __host__ __device__ inline int scan_nv(int backward, int ns) { return backward &
 // A = e^G_last - Kdᵀ W (K x K) and B = Kdᵀ U: a scan over a group of chunks from zero gives the group's B, the same
 // scan with U = 0 from the identity (a K x K "state") gives the product of its A's, a short pass over the groups
 // composes them into each group's true start state, and a last scan per group from it makes the outputs. The block
-// (bh, g) = blockIdx.x / G, % G walks chunks [g M, min(NC, (g + 1) M)); S0 / S_final (dS_in / dS0) are indexed by
-// blockIdx.x. G = 1 with SCAN_OUT is the sequential scan.
+// (bh, g) = blockIdx.y / G, % G walks chunks [g M, min(NC, (g + 1) M)); S0 / S_final (dS_in / dS0) are indexed by
+// blockIdx.y. G = 1 with SCAN_OUT is the sequential scan.
 enum { SCAN_OUT = 1, SCAN_HOMOG = 2, SCAN_IDENT = 4 }; // write the outputs; U (dO) zero; start from the identity
 struct ScanGroups { int G, M, mode; };
 static const ScanGroups SCAN_SEQ = {1, 1 << 30, SCAN_OUT};
@@ -2807,18 +2807,26 @@ __global__ void __launch_bounds__(32 * NW) state_outputs_wmma_kernel(floatX* Vn,
     }
 }
 // The remake's plan: OUTS_DEFAULT (bw 0 = all of V) where it fits, else the widest bw (V / n, a multiple of SCAN_BV)
-// that does with the same ns and warps, else 32 columns, one stage, 8 warps; nw 0 if nothing fits. outs_force (the
-// kernel lab): that choice where it fits.
+// that does with the same warps, two stage buffers or else one (fewer, wider items copy W and Qg fewer times), else
+// 32 columns, one stage, 8 warps; nw 0 if nothing fits. outs_force (the kernel lab): that choice where it fits.
+// outs_grid_cap (the kernel lab): at most that many blocks, so that a small shape still has blocks that walk several
+// work items (the prefetch and the buffers' reuse) under the lab's bit-for-bit check.
 static const OutsPlan OUTS_DEFAULT = {0, 2, 16};
 static OutsPlan outs_force = {0, 0, 0};
+static int outs_grid_cap = 0;
 static bool outs_fits(int C, int K, OutsPlan o) { return outs_smem(C, K, o).bytes + 1024 <= (size_t)smem_optin; }
 static OutsPlan outs_plan_for(int C, int K, int V) {
     OutsPlan o = outs_force.nw ? outs_force : OUTS_DEFAULT;
     if (o.bw == 0) { o.bw = V; }
-    if (outs_force.nw) { return o.bw > 0 && V % o.bw == 0 && o.bw % SCAN_BV == 0 && outs_fits(C, K, o) ? o : OutsPlan{0, 0, 0}; }
+    if (outs_force.nw) {
+        bool ok = o.bw > 0 && V % o.bw == 0 && o.bw % SCAN_BV == 0 && (o.ns == 1 || o.ns == 2) && (o.nw == 8 || o.nw == 16);
+        return ok && outs_fits(C, K, o) ? o : OutsPlan{0, 0, 0};
+    }
     for (int n = V / o.bw; n <= V / SCAN_BV; n++) {
-        OutsPlan t = {V / n, o.ns, o.nw};
-        if (V % n == 0 && t.bw % SCAN_BV == 0 && outs_fits(C, K, t)) { return t; }
+        for (int ns = o.ns; ns >= 1; ns--) {
+            OutsPlan t = {V / n, ns, o.nw};
+            if (V % n == 0 && t.bw % SCAN_BV == 0 && outs_fits(C, K, t)) { return t; }
+        }
     }
     OutsPlan t = {SCAN_BV, 1, 8};
     return outs_fits(C, K, t) ? t : OutsPlan{0, 0, 0};
@@ -2831,6 +2839,7 @@ static void state_outputs_wmma(floatX* Vn, floatX* O, const floatX* hstate, cons
     cudaCheck(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 32 * op.nw, sm));
     long items = s.nq * (s.V / op.bw);
     int grid = (int)std::min(items, (long)std::max(per_sm, 1) * num_sms);
+    if (outs_grid_cap > 0) { grid = std::min(grid, outs_grid_cap); }
     kernel<<<grid, 32 * op.nw, sm, main_stream>>>(Vn, O, hstate, W, U, Qg, P, s, op);
     cudaCheck(cudaGetLastError());
 }

@@ -31,7 +31,8 @@ Versions (everything else is the trainer's code):
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
-stage buffers, warps: MixerPlan.outs) and checks each bit for bit; the timing ends with a table of the remake alone
+stage buffers, warps: MixerPlan.outs) and checks each bit for bit, on the device's grid and on 3 blocks (outs_grid_cap:
+at these small shapes the device's grid has a block per work item, so only the cap makes blocks walk several); the timing ends with a table of the remake alone
 under each choice (on the H200, 2026-12-03: all of V, two stage buffers, 16 warps is the fastest at B = 16 T = 2048
 and B = 1 T = 16384, the trainer's OUTS_DEFAULT).
 The trainer picks inside delta_chunk_forward/backward with those tests; the lab forces v1 by making them fail
@@ -100,8 +101,8 @@ static bool select_version(int v, const ChunkShape& s) {
     scores_force_fma = v == 1; // v4: v2 with two stage buffers
     scan_groups_force = v == 3 ? lab_groups : 0;
     scan_stages_force = v == 4 ? 2 : 1;
-    bool w = scan_uses_wmma(s) && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
     MixerPlan p = mixer_plan(s);
+    bool w = p.scan_wmma && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
     if (v == 3) { return w && p.scan_groups > 1; }
     if (v == 4) { return w && p.scan_groups == 1 && p.scan_stages == 2; }
     return v == 1 ? !w : (w && p.scan_groups == 1);
@@ -365,7 +366,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
         delta_backward(d, s, kt, !two_keys, 0);
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaDeviceSynchronize());
-        char what[160];
+        char what[256];
         { // mixer_remake wrote V' and O again (the tensor-core scans' versions): they must be the forward's, bit for bit
             std::vector<floatX> vo = lab_download(d.sv.Vn, rows * V), o2 = lab_download(d.sv.O, rows * V);
             vo.insert(vo.end(), o2.begin(), o2.end());
@@ -409,7 +410,9 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
             if (v != 2 || o.bw > V) { continue; }
             outs_force = o;
             OutsPlan op = mixer_plan(s).outs;
-            if (op.nw) {
+            for (int cap : {0, 3}) { // the device's grid, then 3 blocks: each walks many work items
+                if (!op.nw) { break; }
+                outs_grid_cap = cap;
                 lab_poison(d.sv.Vn, rows * V * sizeof(floatX));
                 lab_poison(d.sv.O, rows * V * sizeof(floatX));
                 mixer_remake(&d.sv, &d.sc, d.q, d.k, kt, d.v, d.beta, s.gk ? d.g : nullptr, s);
@@ -418,11 +421,12 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
                 vo.insert(vo.end(), o2.begin(), o2.end());
                 long bad = 0;
                 for (size_t i = 0; i < vo.size(); i++) { bad += memcmp(&vo[i], &fwd_vo[i], sizeof(floatX)) != 0; }
-                snprintf(what, sizeof what, "%s V', O made again (%d columns, %d stages, %d warps) = the forward's", tag,
-                         op.bw, op.ns, op.nw);
+                snprintf(what, sizeof what, "%s V', O made again (%d columns, %d stages, %d warps%s) = the forward's", tag,
+                         op.bw, op.ns, op.nw, cap ? ", 3 blocks" : "");
                 lab_check_exact(what, bad, (long)vo.size());
             }
             outs_force = OutsPlan{0, 0, 0};
+            outs_grid_cap = 0;
         }
 #endif
     }
