@@ -2480,6 +2480,58 @@ __device__ __forceinline__ void mma_steps_t(FragC& acc, const __nv_bfloat16* a, 
         mma_16816(acc.x + 4, ra, rb[2], rb[3]);
     }
 }
+// The three product forms above on small integers (exact in bf16 and fp32) with the results stored by WMMA, against the
+// host's sums: at start (mixer_kernel_setup), so that a GPU or compiler on which the fragments or the accumulator's
+// layout differ runs the exact SIMT / FMA kernels (mma_bad) instead of wrong tensor-core ones. out: 3 x 16 x 16.
+#define MMA_LD 24 // bf16 rows of 16 + 8 (48 bytes: ldmatrix wants 16-byte aligned rows)
+__device__ __host__ __forceinline__ float mma_test_a(int i, int j) { return (float)((i * 7 + j * 3) % 9 - 4); }
+__device__ __host__ __forceinline__ float mma_test_b(int i, int j) { return (float)((i * 5 + j * 11) % 7 - 3); }
+__global__ void mma_selftest_kernel(float* out) {
+    __shared__ __align__(128) __nv_bfloat16 a[16 * MMA_LD], b[16 * MMA_LD];
+    for (int e = threadIdx.x; e < 256; e += 32) {
+        a[e / 16 * MMA_LD + e % 16] = __float2bfloat16(mma_test_a(e / 16, e % 16));
+        b[e / 16 * MMA_LD + e % 16] = __float2bfloat16(mma_test_b(e / 16, e % 16));
+    }
+    __syncwarp();
+    FragC c;
+    wmma::fill_fragment(c, 0.0f);
+    mma_steps<FragB>(c, a, MMA_LD, b, 16 * MMA_LD, MMA_LD, 1); // a b
+    wmma::store_matrix_sync(out, c, 16, wmma::mem_row_major);
+    wmma::fill_fragment(c, 0.0f);
+    mma_steps<FragBT>(c, a, MMA_LD, b, 16, MMA_LD, 1);          // a bᵀ
+    wmma::store_matrix_sync(out + 256, c, 16, wmma::mem_row_major);
+    wmma::fill_fragment(c, 0.0f);
+    mma_steps_t(c, a, MMA_LD, b, 16 * MMA_LD, MMA_LD, 1);       // aᵀ b
+    wmma::store_matrix_sync(out + 512, c, 16, wmma::mem_row_major);
+}
+static int mma_bad = 0; // set at start if the check failed: the plan then takes the exact kernels
+static void mma_selftest(void) {
+    float* d = nullptr;
+    std::vector<float> h(768);
+    cudaCheck(cudaMalloc(&d, 768 * sizeof(float)));
+    mma_selftest_kernel<<<1, 32>>>(d);
+    cudaCheck(cudaGetLastError());
+    cudaCheck(cudaMemcpy(h.data(), d, 768 * sizeof(float), cudaMemcpyDeviceToHost));
+    cudaCheck(cudaFree(d));
+    int bad = 0;
+    for (int i = 0; i < 16; i++) {
+        for (int j = 0; j < 16; j++) {
+            float ab = 0.0f, abt = 0.0f, atb = 0.0f;
+            for (int k = 0; k < 16; k++) {
+                ab += mma_test_a(i, k) * mma_test_b(k, j);
+                abt += mma_test_a(i, k) * mma_test_b(j, k);
+                atb += mma_test_a(k, i) * mma_test_b(k, j);
+            }
+            bad += h[i * 16 + j] != ab || h[256 + i * 16 + j] != abt || h[512 + i * 16 + j] != atb;
+        }
+    }
+    if (bad) {
+        mma_bad = 1;
+        fprintf(stderr, "warning: the tensor-core products (ldmatrix + mma.sync into WMMA accumulators) failed their start-up "
+                        "check on this GPU (%d of 768 values wrong): the mixer runs its exact SIMT / FMA kernels instead "
+                        "(correct, slower); please report the GPU and CUDA version\n", bad);
+    }
+}
 
 // The chunk's operands are staged in shared memory with cp.async one chunk ahead (each buffer refilled as soon as
 // the current chunk is done with it), so no global-memory latency sits on the chunk-to-chunk chain, which is what
@@ -3032,7 +3084,7 @@ static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward, int ns) {
 static size_t smem_scan_wmma(const ChunkShape& s, int ns) { return std::max(smem_scan_wmma_dir(s, 0, ns), smem_scan_wmma_dir(s, 1, ns)); }
 static int scan_force_simt = 0; // the kernel lab sets it to time and check the fp32 SIMT scans in the bf16 build
 static bool scan_uses_wmma(const ChunkShape& s) {
-    return !scan_force_simt && s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 && (long)s.B * s.H <= 65535 &&
+    return !scan_force_simt && !mma_bad && s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 && (long)s.B * s.H <= 65535 &&
            smem_scan_wmma(s, 1) + 1024 <= (size_t)smem_optin; // (b, h) is the grid's y
 }
 
@@ -3875,6 +3927,7 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(bwd_finish_kernel<4>, optin);
     allow_dynamic_smem(tri_inverse_kernel, optin);
 #ifndef ENABLE_FP32
+    mma_selftest();
     allow_dynamic_smem(scores_channel_tc_kernel, optin);
     allow_dynamic_smem(scores_channel_dq_tc_kernel, optin);
     allow_dynamic_smem(scores_channel_dkt_tc_kernel, optin);
@@ -3897,11 +3950,11 @@ static int scores_force_fma = 0; // the lab sets it to time and check the unfuse
 static bool scores_use_tc(const ChunkShape& s) {
     size_t need = 0;
     for (int w = 0; w < 3; w++) { need = std::max(need, scores_tc_smem(s.C, s.K, w).total); }
-    return !scores_force_fma && s.gk > 1 && s.K % 16 == 0 && s.K <= 256 && s.C % SUB == 0 && need + 1024 <= (size_t)smem_optin;
+    return !scores_force_fma && !mma_bad && s.gk > 1 && s.K % 16 == 0 && s.K <= 256 && s.C % SUB == 0 && need + 1024 <= (size_t)smem_optin;
 }
 static bool scores_scalar_fused(const ChunkShape& s) {
     size_t need = std::max(smem_scores_scalar_tc(s.C, s.K), smem_bwd_scores_scalar_tc(s.C, s.K));
-    return !scores_force_fma && s.gk <= 1 && s.K % 16 == 0 && s.C % 16 == 0 && need + 1024 <= (size_t)smem_optin;
+    return !scores_force_fma && !mma_bad && s.gk <= 1 && s.K % 16 == 0 && s.C % 16 == 0 && need + 1024 <= (size_t)smem_optin;
 }
 #endif
 
