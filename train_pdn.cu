@@ -2480,12 +2480,13 @@ __device__ __forceinline__ void mma_steps_t(FragC& acc, const __nv_bfloat16* a, 
         mma_16816(acc.x + 4, ra, rb[2], rb[3]);
     }
 }
-// The three product forms above on small integers (exact in bf16 and fp32) with the results stored by WMMA, against the
+// The three product forms above on small integers (exact in bf16 and fp32; every row and every column of each of the
+// three products distinct, so a swapped register or a misplaced block shows) with the results stored by WMMA, against the
 // host's sums: at start (mixer_kernel_setup), so that a GPU or compiler on which the fragments or the accumulator's
 // layout differ runs the exact SIMT / FMA kernels (mma_bad) instead of wrong tensor-core ones. out: 3 x 16 x 16.
 #define MMA_LD 24 // bf16 rows of 16 + 8 (48 bytes: ldmatrix wants 16-byte aligned rows)
-__device__ __host__ __forceinline__ float mma_test_a(int i, int j) { return (float)((i * 7 + j * 3) % 9 - 4); }
-__device__ __host__ __forceinline__ float mma_test_b(int i, int j) { return (float)((i * 5 + j * 11) % 7 - 3); }
+__device__ __host__ __forceinline__ float mma_test_a(int i, int j) { return (float)((i * 5 + j * 3 + i * j) % 17 - 8); }
+__device__ __host__ __forceinline__ float mma_test_b(int i, int j) { return (float)((i * 3 + j * 7 + 2 * i * j + i * i + j * j) % 17 - 8); }
 __global__ void mma_selftest_kernel(float* out) {
     __shared__ __align__(128) __nv_bfloat16 a[16 * MMA_LD], b[16 * MMA_LD];
     for (int e = threadIdx.x; e < 256; e += 32) {
@@ -6339,9 +6340,17 @@ int main(int argc, char** argv) {
     if (mc.decay == DECAY_CHANNEL) {
         int Kp = mixer_pad(mc.head_k);
         ChunkShape cs{1, 1, 1, tc.chunk, tc.chunk, 1, Kp, mixer_pad(pdn_head_v(&mc)), Kp, 1};
-        if (smem_scores_channel_bwd(cs) > (size_t)smem_optin) {
-            fail(EXIT_USAGE, "channel decay on this GPU supports key head dims up to about 128 (got %d)", mc.head_k);
+        bool exact_fits = smem_scores_channel_bwd(cs) <= (size_t)smem_optin; // the FMA kernels (fp32 build, fallback)
+#ifndef ENABLE_FP32
+        if (!exact_fits && !scores_use_tc(cs)) {
+            fail(EXIT_USAGE, "channel decay on this GPU supports key head dims up to 256 (got %d)", mc.head_k);
         }
+#else
+        if (!exact_fits) {
+            fail(EXIT_USAGE, "channel decay in the fp32 build supports key head dims up to about 160 on this GPU (got %d; the "
+                             "bf16 build takes up to 256)", mc.head_k);
+        }
+#endif
     }
     prof_on = getenv("PDN_PROFILE") && atoi(getenv("PDN_PROFILE")) != 0;
 #ifndef ENABLE_FP32
