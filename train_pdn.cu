@@ -2399,8 +2399,9 @@ struct OutsPlan { int bw, ns, nw; };
 // The same two scans on tensor cores (bf16 mma.sync m16n8k16 through mma_steps below, fp32 accumulation), for K and C
 // multiples of 16 and V of SCAN_BV. One block per (b, h, 32 value columns) on the grid (value slices, b h): a head's
 // slices are neighbouring blocks, resident at the same time, so each chunk's W, Kd, Qg (the same for every slice)
-// can come from the L2 after the first slice's read (on the H200 the order made no measurable difference, 2026-12-03). The state S stays fp32 in shared memory; its bf16 copy Sb is the MMA operand (and what hstate
-// stores), as in the fp32 scan's use of the stored V'. The chunk's operands are staged in shared memory (below).
+// can come from the L2 after the first slice's read (on the H200 the order made no measurable difference, 2026-12-03).
+// The state S stays fp32 in shared memory; its bf16 copy Sb is the MMA operand (and what hstate stores), as in the
+// fp32 scan's use of the stored V'. The chunk's operands are staged in shared memory (below).
 using namespace nvcuda;
 // warps of a scan block; the output tiles of each product are dealt out among them. Measured on an H200 at the
 // 340m shape: the forward is faster with 8 (19 vs 22 ms per step), the backward with 4 (28 vs 39 ms)
