@@ -3928,6 +3928,8 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(bwd_finish_kernel<1>, optin);
     allow_dynamic_smem(bwd_finish_kernel<4>, optin);
     allow_dynamic_smem(tri_inverse_kernel, optin);
+    allow_dynamic_smem(chunk_prep_kernel<1>, optin);     // channel decay: C x K fp32 (64 KiB at K = 256)
+    allow_dynamic_smem(chunk_prep_kernel<XVEC>, optin);
 #ifndef ENABLE_FP32
     mma_selftest();
     allow_dynamic_smem(scores_channel_tc_kernel, optin);
