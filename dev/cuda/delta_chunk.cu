@@ -446,6 +446,27 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
 // ----------------------------------------------------------------------------------------------------
 // timing: the paper's Fig. 4 shape
 
+// The device memory the trainer's buffer lists give the mixer at shape s under its plan, in MiB: kept per layer for
+// the backward (mixer_saved_add), and the scratch all layers share (forward and backward parts, V' and O where the
+// tensor-core scans make them again, the preconditioner's statistic) counted without the trainer's overlays, so an
+// upper bound. Sizes only: nothing is allocated.
+static void mixer_mib(const ChunkShape& s, int precond, double* kept, double* shared) {
+    MixerPlan p = mixer_plan(s);
+    Arena a, b;
+    MixerSaved sv;
+    MixerScratch sc;
+    mixer_saved_add(a, &sv, s, p);
+    mixer_scratch_add(b, &sc, s, precond, p);
+    mixer_scratch_grads_add(b, &sc, s, p);
+    long rows = s.nq * s.C;
+    floatX *vn, *o;
+    float* astat;
+    if (p.scan_wmma) { b.add(&vn, rows * s.V); b.add(&o, rows * s.V); }
+    if (precond) { b.add(&astat, rows * s.K); }
+    *kept = a.pending() / 1048576.0;
+    *shared = b.pending() / 1048576.0;
+}
+
 static void bench(int version_sel) {
 #ifndef ENABLE_FP32
     lab_groups = -1; // v3: the trainer's rule
@@ -474,7 +495,10 @@ static void bench(int version_sel) {
     const Var vars[6] = {{"dn", 0, 0}, {"pdn", 0, 1}, {"gdn", 1, 0}, {"pgdn", 1, 1}, {"kda", K, 0}, {"pkda", K, 1}};
     printf("\n=== timing: delta_chunk (%s), H=%d K=V=%d chunk %d; p*: + diagonal preconditioner scan ===\n",
            PRECISION_NAME, H, K, CHUNK);
-    printf("%-18s %-6s %4s %6s %10s %12s %14s\n", "version", "variant", "B", "T", "fwd ms", "fwd+bwd ms", "fwd+bwd Mtok/s");
+    printf("(MiB: the mixer's device memory under the trainer's plan for the shape, kept per layer / shared scratch, "
+           "mixer_mib; inputs and gradients not counted)\n");
+    printf("%-18s %-6s %4s %6s %10s %12s %14s %14s\n", "version", "variant", "B", "T", "fwd ms", "fwd+bwd ms", "fwd+bwd Mtok/s",
+           "MiB layer/all");
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
         for (const Var& var : vars) {
@@ -488,9 +512,10 @@ static void bench(int version_sel) {
                 const floatX* kt = var.precond ? d.kt : d.k;
                 auto fwd = [&] { delta_forward(d, s, kt, var.precond); };
                 auto fwdbwd = [&] { delta_forward(d, s, kt, var.precond); delta_backward(d, s, kt, !var.precond, var.precond); };
-                double tf = bench_ms(fwd), tfb = bench_ms(fwdbwd);
-                printf("%-18s %-6s %4d %6d %10.3f %12.3f %14.2f\n", VERSION_NAME[v], var.name, B, T, tf, tfb,
-                       (double)B * T / tfb / 1e3);
+                double tf = bench_ms(fwd), tfb = bench_ms(fwdbwd), kept, shared;
+                mixer_mib(s, var.precond, &kept, &shared);
+                printf("%-18s %-6s %4d %6d %10.3f %12.3f %14.2f %7.0f / %-6.0f\n", VERSION_NAME[v], var.name, B, T, tf, tfb,
+                       (double)B * T / tfb / 1e3, kept, shared);
                 fflush(stdout);
             }
         }
