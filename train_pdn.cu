@@ -3237,22 +3237,27 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
 // on rows staged with cp.async), the decay mask, then (I + A)^-1 in shared memory. Writes Mk, P and Tx; the unfused
 // path (fp32 build) goes through Mraw, Praw and A in global memory and a separate inverse kernel.
 #define SS_LD(C) ((C) + 4)
+#define SS_TILES 3 // product tiles a warp holds (C <= 64: 2 x 10 tiles over 8 warps)
 static __host__ __device__ size_t smem_scores_scalar_tc(int C, int K) {
-    return 3 * scan_align((size_t)C * SCAN_PADK(K) * 2) + 3 * scan_align((size_t)C * SS_LD(C) * 4) + 2 * (size_t)C * 4;
+    size_t ab = scan_align((size_t)C * SCAN_PADK(K) * 2), fb = scan_align((size_t)C * SS_LD(C) * 4);
+    return (ab > fb ? 3 * ab : 3 * fb) + 2 * (size_t)C * 4; // the staged rows, then the fp32 tiles over them
 }
 __global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX* P, floatX* Tx, const floatX* Q, const floatX* Kh,
                                                               const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, kp = SCAN_PADK(K), ld = SS_LD(C), nb = C / 16, warp = threadIdx.x / 32;
+    // the staged q̂, k̂, k̃ and the fp32 tiles made from them share one region: the products stay in registers until
+    // every warp is done reading the staged rows (a third of the shared memory: more blocks per multiprocessor)
+    size_t ab = scan_align((size_t)C * kp * 2), fb = scan_align((size_t)C * ld * 4);
     unsigned char* p = smem_raw;
-    __nv_bfloat16* Qs = (__nv_bfloat16*)p;  p += scan_align((size_t)C * kp * 2);  // C x kp staged q̂
-    __nv_bfloat16* Khs = (__nv_bfloat16*)p; p += scan_align((size_t)C * kp * 2);  // C x kp staged k̂
-    __nv_bfloat16* Kts = (__nv_bfloat16*)p; p += scan_align((size_t)C * kp * 2);  // C x kp staged k̃
-    float* Ms = (float*)p;                  p += scan_align((size_t)C * ld * 4);  // C x ld K̂K̃ᵀ, then A = diag(beta) Mk
-    float* Ps = (float*)p;                  p += scan_align((size_t)C * ld * 4);  // C x ld Q̂K̃ᵀ, then the inverse
-    float* Rs = (float*)p;                  p += scan_align((size_t)C * ld * 4);  // C x ld the inverse's scratch
-    float* gs = (float*)p;                                                        // C: G of the chunk
-    float* bs = gs + C;                                                           // C: beta
+    __nv_bfloat16* Qs = (__nv_bfloat16*)p;        // C x kp staged q̂
+    __nv_bfloat16* Khs = (__nv_bfloat16*)(p + ab); // C x kp staged k̂
+    __nv_bfloat16* Kts = (__nv_bfloat16*)(p + 2 * ab); // C x kp staged k̃
+    float* Ms = (float*)p;                        // C x ld K̂K̃ᵀ, then A = diag(beta) Mk (over the staged rows)
+    float* Ps = (float*)(p + fb);                 // C x ld Q̂K̃ᵀ, then the inverse
+    float* Rs = (float*)(p + 2 * fb);             // C x ld the inverse's scratch
+    float* gs = (float*)(p + (ab > fb ? 3 * ab : 3 * fb)); // C: G of the chunk
+    float* bs = gs + C;                                 // C: beta
     long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
     stage_async(Qs, kp * 2, Q + r0 * K, (long)K * 2, C, K * 2);
     stage_async(Khs, kp * 2, Kh + r0 * K, (long)K * 2, C, K * 2);
@@ -3261,16 +3266,27 @@ __global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX
     for (int i = threadIdx.x; i < C; i += blockDim.x) { gs[i] = s.gk ? G[r0 + i] : 0.0f; bs[i] = beta[r0 + i]; }
     __pipeline_wait_prior(0);
     __syncthreads();
-    int nt = nb * (nb + 1) / 2; // tiles I >= J of each product
-    for (int t = warp; t < 2 * nt; t += blockDim.x / 32) {
+    int nt = nb * (nb + 1) / 2, nw = blockDim.x / 32; // tiles I >= J of each product
+    FragC acc[SS_TILES];
+    #pragma unroll
+    for (int k = 0; k < SS_TILES; k++) {
+        int t = warp + k * nw;
+        if (t >= 2 * nt) { continue; }
         int u = t % nt, I = 0;
         while ((I + 1) * (I + 2) / 2 <= u) { I++; }
         int J = u - I * (I + 1) / 2;
-        const __nv_bfloat16* rows = (t < nt ? Khs : Qs) + 16 * I * kp;
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-        mma_steps<FragBT>(acc, rows, kp, Kts + 16 * J * kp, 16, kp, K / 16);
-        wmma::store_matrix_sync((t < nt ? Ms : Ps) + 16 * I * ld + 16 * J, acc, ld, wmma::mem_row_major);
+        wmma::fill_fragment(acc[k], 0.0f);
+        mma_steps<FragBT>(acc[k], (t < nt ? Khs : Qs) + 16 * I * kp, kp, Kts + 16 * J * kp, 16, kp, K / 16);
+    }
+    __syncthreads(); // the staged rows are dead: their region takes the tiles
+    #pragma unroll
+    for (int k = 0; k < SS_TILES; k++) {
+        int t = warp + k * nw;
+        if (t >= 2 * nt) { continue; }
+        int u = t % nt, I = 0;
+        while ((I + 1) * (I + 2) / 2 <= u) { I++; }
+        int J = u - I * (I + 1) / 2;
+        wmma::store_matrix_sync((t < nt ? Ms : Ps) + 16 * I * ld + 16 * J, acc[k], ld, wmma::mem_row_major);
     }
     __syncthreads();
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) { // only j <= i was computed; nothing above is read
