@@ -3238,6 +3238,7 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
 // path (fp32 build) goes through Mraw, Praw and A in global memory and a separate inverse kernel.
 #define SS_LD(C) ((C) + 4)
 #define SS_TILES 3 // product tiles a warp holds (C <= 64: 2 x 10 tiles over 8 warps)
+static_assert(2 * (GPU_CHUNK_MAX / 16) * (GPU_CHUNK_MAX / 16 + 1) / 2 <= SS_TILES * 8, "scores_scalar_tc_kernel's tiles");
 static __host__ __device__ size_t smem_scores_scalar_tc(int C, int K) {
     size_t ab = scan_align((size_t)C * SCAN_PADK(K) * 2), fb = scan_align((size_t)C * SS_LD(C) * 4);
     return (ab > fb ? 3 * ab : 3 * fb) + 2 * (size_t)C * 4; // the staged rows, then the fp32 tiles over them
