@@ -3237,13 +3237,14 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
 // on rows staged with cp.async), the decay mask, then (I + A)^-1 in shared memory. Writes Mk, P and Tx; the unfused
 // path (fp32 build) goes through Mraw, Praw and A in global memory and a separate inverse kernel.
 #define SS_LD(C) ((C) + 4)
+#define SS_THREADS 256
 #define SS_TILES 3 // product tiles a warp holds (C <= 64: 2 x 10 tiles over 8 warps)
-static_assert(2 * (GPU_CHUNK_MAX / 16) * (GPU_CHUNK_MAX / 16 + 1) / 2 <= SS_TILES * 8, "scores_scalar_tc_kernel's tiles");
+static_assert(2 * (GPU_CHUNK_MAX / 16) * (GPU_CHUNK_MAX / 16 + 1) / 2 <= SS_TILES * (SS_THREADS / 32), "scores_scalar_tc_kernel's tiles");
 static __host__ __device__ size_t smem_scores_scalar_tc(int C, int K) {
     size_t ab = scan_align((size_t)C * SCAN_PADK(K) * 2), fb = scan_align((size_t)C * SS_LD(C) * 4);
     return (ab > fb ? 3 * ab : 3 * fb) + 2 * (size_t)C * 4; // the staged rows, then the fp32 tiles over them
 }
-__global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX* P, floatX* Tx, const floatX* Q, const floatX* Kh,
+__global__ void __launch_bounds__(SS_THREADS) scores_scalar_tc_kernel(float* Mk, floatX* P, floatX* Tx, const floatX* Q, const floatX* Kh,
                                                               const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, kp = SCAN_PADK(K), ld = SS_LD(C), nb = C / 16, warp = threadIdx.x / 32;
@@ -3267,7 +3268,7 @@ __global__ void __launch_bounds__(256) scores_scalar_tc_kernel(float* Mk, floatX
     for (int i = threadIdx.x; i < C; i += blockDim.x) { gs[i] = s.gk ? G[r0 + i] : 0.0f; bs[i] = beta[r0 + i]; }
     __pipeline_wait_prior(0);
     __syncthreads();
-    int nt = nb * (nb + 1) / 2, nw = blockDim.x / 32; // tiles I >= J of each product
+    int nt = nb * (nb + 1) / 2, nw = SS_THREADS / 32; // tiles I >= J of each product
     FragC acc[SS_TILES];
     #pragma unroll
     for (int k = 0; k < SS_TILES; k++) {
@@ -4168,7 +4169,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     PROF("mixer.fwd.scores");
 #ifndef ENABLE_FP32
     if (fused) {
-        scores_scalar_tc_kernel<<<nq, 256, smem_scores_scalar_tc(C, K), main_stream>>>(sv->Mk, sv->P, sv->Tx, Q, Kh, Kt, sv->G,
+        scores_scalar_tc_kernel<<<nq, SS_THREADS, smem_scores_scalar_tc(C, K), main_stream>>>(sv->Mk, sv->P, sv->Tx, Q, Kh, Kt, sv->G,
                                                                                       beta, s);
     } else
 #endif
