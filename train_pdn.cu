@@ -2585,6 +2585,18 @@ __device__ __forceinline__ uint4 round8_bf16(const float* src) {
     ob[3] = __floats2bfloat162_rn(hi.z, hi.w);
     return o;
 }
+// V' = bf16(U - W Sb) for 8 consecutive columns: u their U (bf16), wsb their W Sb (fp32, 16-byte aligned, in shared
+// memory). One definition for the forward scan and the V'/O remake, which must agree bit for bit.
+__device__ __forceinline__ uint4 vprime8(uint4 u, const float* wsb) {
+    float4 lo = *(const float4*)wsb, hi = *(const float4*)(wsb + 4);
+    float w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
+    uint4 o;
+    __nv_bfloat16* ob = (__nv_bfloat16*)&o;
+    #pragma unroll
+    for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(__bfloat162float(ub[k]) - w[k]); }
+    return o;
+}
 
 // Shared memory of the tensor-core scans. Fixed part: the fp32 state and its bf16 copy (K x 36, K x 40), the chunk's
 // V' (dV') in fp32 and bf16 (C x 36, C x 40). Then NS stage buffers, each with the staged operands of one chunk
@@ -2719,14 +2731,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         }
         for (int e = threadIdx.x; e < C * SCAN_BV / 8; e += blockDim.x) { // V' = U - W S, rounded once, 8 columns
             int i = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
-            const float* vt = Vt + i * SCAN_PADF + c;
-            float4 v_lo = *(const float4*)vt, v_hi = *(const float4*)(vt + 4);
-            float vv[8] = {v_lo.x, v_lo.y, v_lo.z, v_lo.w, v_hi.x, v_hi.y, v_hi.z, v_hi.w};
-            uint4 u = homog ? make_uint4(0, 0, 0, 0) : *(const uint4*)(Us + i * SCAN_PADV + c), o;
-            const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
-            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-            #pragma unroll
-            for (int k = 0; k < 8; k++) { ob[k] = __float2bfloat16(__bfloat162float(ub[k]) - vv[k]); }
+            uint4 o = vprime8(homog ? make_uint4(0, 0, 0, 0) : *(const uint4*)(Us + i * SCAN_PADV + c), Vt + i * SCAN_PADF + c);
             *(uint4*)(Vb + i * SCAN_PADV + c) = o;
             if (outs) { *(uint4*)(Vn + (r0 + i) * V + v0 + c) = o; }
         }
@@ -2846,11 +2851,7 @@ __global__ void __launch_bounds__(32 * NW) state_outputs_wmma_kernel(floatX* Vn,
             wmma::store_matrix_sync(scr, acc, OUTS_LDS, wmma::mem_row_major);
             __syncwarp();
             int a = 16 * i + tr, c = 16 * j + tc;
-            uint4 u = *(const uint4*)(Us + a * vp + c), o;
-            const __nv_bfloat16* ub = (const __nv_bfloat16*)&u;
-            __nv_bfloat16* ob = (__nv_bfloat16*)&o;
-            #pragma unroll
-            for (int e = 0; e < 8; e++) { ob[e] = __float2bfloat16(__bfloat162float(ub[e]) - scr[tr * OUTS_LDS + tc + e]); }
+            uint4 o = vprime8(*(const uint4*)(Us + a * vp + c), scr + tr * OUTS_LDS + tc);
             *(uint4*)(Vb + a * vp + c) = o;
             *(uint4*)(Vn + (r0 + a) * V + v0 + c) = o;
             __syncwarp(); // the scratch is read before the next tile's store
