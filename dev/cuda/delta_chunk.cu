@@ -84,15 +84,13 @@ static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of
 #define LAB_MAX_GROUPS 16   // the group buffers' size (validation: <= 7 groups; timing at T = 16384: 9)
 static const int CHUNK = 64; // the trainer's default --chunk
 #ifndef ENABLE_FP32
-#define MMA_BAD mma_bad
-#else
-#define MMA_BAD 0
-#endif
-#ifndef ENABLE_FP32
+#define MMA_BAD mma_bad // the trainer's start-up check of the tensor-core products failed (bf16 build only)
 // the V'/O remake's choices (OutsPlan: value columns a work item, stage buffers, warps) that validation checks bit for
 // bit and the timing compares (bw 0: all of V)
 static const OutsPlan OUTS_LAB[] = {{32, 1, 8}, {32, 2, 8}, {32, 1, 16}, {64, 1, 8}, {64, 2, 8}, {64, 2, 16},
                                     {128, 1, 16}, {128, 2, 8}, {128, 2, 16}};
+#else
+#define MMA_BAD 0
 #endif
 static const float PC_X = 1.5f, PC_EPS = 1e-6f; // MODEL.md §3.6: squash x, eps
 
