@@ -720,17 +720,46 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
 #define CONV_TR 64
 #define CONV_CS_MAX 4    // the presets' kernel size; larger ones are refused on the GPU
 #define CONV_THREADS 256
+// rows x row_bytes from src (row stride src_stride bytes) into dst (row stride dst_stride bytes), 16 bytes a copy.
+// Where the block's threads are a whole number of rows' worth of copies (the usual case: 4, 8, 16 or 32 a row) each
+// thread keeps one 16-byte column and steps its pointers down the rows: a division per copy (the general loop) was
+// 40% of the backward scan's issue time at one sequence (Nsight Compute, H200, 2026-12-03).
+__device__ __forceinline__ void stage_async(void* dst, int dst_stride, const void* src, long src_stride, int rows, int row_bytes) {
+    int per = row_bytes / 16, step = blockDim.x / per;
+    if (step * per == (int)blockDim.x) {
+        int r = threadIdx.x / per, p = threadIdx.x % per;
+        char* d = (char*)dst + (size_t)r * dst_stride + p * 16;
+        const char* s = (const char*)src + r * src_stride + p * 16;
+        for (; r < rows; r += step, d += (size_t)step * dst_stride, s += step * src_stride) { __pipeline_memcpy_async(d, s, 16); }
+        return;
+    }
+    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
+        int r = i / per, p = i % per;
+        __pipeline_memcpy_async((char*)dst + (size_t)r * dst_stride + p * 16, (const char*)src + r * src_stride + p * 16, 16);
+    }
+}
 // Stage rows ta .. ta+nrows-1 (columns c0 .. c0+D-1) of z (B, T, Ch) into zs (nrows, D): rows before 0 from the
-// history (B, cs-1, Ch) or zeros, rows at or after tend zeros. 16-byte loads when the shapes and pointers allow,
-// unrolled so that many are in flight (a plain loop would wait for each load before the next).
+// history (B, cs-1, Ch) or zeros, rows at or after tend zeros. Where the shapes and pointers allow 16-byte accesses,
+// the rows inside z go by cp.async, all in flight at once (no registers held, no division per copy); the other rows
+// (or all, unaligned) by loads, unrolled so that many are in flight. Each thread's copies are complete on return; the
+// caller's barrier makes them the block's.
 __device__ __forceinline__ void conv_stage(floatX* zs, const floatX* z, const floatX* hist, int b, int T, int Ch, int c0,
                                            int D, int ta, int nrows, int tend, int cs) {
     bool vec = D % XVEC == 0 && Ch % XVEC == 0 && c0 % XVEC == 0 && ((uintptr_t)z & 15) == 0 &&
                (!hist || ((uintptr_t)hist & 15) == 0);
     int W = vec ? XVEC : 1, per = D / W;
+    int ra = vec ? max(0, -ta) : nrows, rb = vec ? max(ra, min(nrows, tend - ta)) : nrows; // rows [ra, rb) by cp.async
+    if (rb > ra) {
+        stage_async(zs + (size_t)ra * D, D * (int)sizeof(floatX), z + ((long)b * T + ta + ra) * Ch + c0,
+                    (long)Ch * sizeof(floatX), rb - ra, D * (int)sizeof(floatX));
+    }
+    __pipeline_commit();
+    int ne = nrows - (rb - ra); // the other rows: [0, ra) and [rb, nrows)
     #pragma unroll 4
-    for (int i = threadIdx.x; i < nrows * per; i += CONV_THREADS) {
-        int r = i / per, c = (i % per) * W, t = ta + r;
+    for (int i = threadIdx.x; i < ne * per; i += CONV_THREADS) {
+        int r = i / per, c = (i % per) * W;
+        r = r < ra ? r : rb + (r - ra);
+        int t = ta + r;
         const floatX* src = nullptr;
         if (t >= 0 && t < tend) { src = z + ((long)b * T + t) * Ch + c0 + c; }
         else if (t < 0 && hist) { src = hist + ((long)b * (cs - 1) + (cs - 1 + t)) * Ch + c0 + c; }
@@ -746,6 +775,7 @@ __device__ __forceinline__ void conv_stage(floatX* zs, const floatX* z, const fl
             zs[r * D + c] = src ? *src : fromf<floatX>(0.0f);
         }
     }
+    __pipeline_wait_prior(0);
 }
 
 template <int CPL>
@@ -2557,24 +2587,6 @@ static void mma_selftest(void) {
 #define SCAN_PADK(K) ((K) + 8)
 #define SCAN_PADV (SCAN_BV + 8)
 #define SCAN_PADF (SCAN_BV + 4)
-// rows x row_bytes from src (row stride src_stride bytes) into dst (row stride dst_stride bytes), 16 bytes a copy.
-// Where the block's threads are a whole number of rows' worth of copies (the usual case: 4, 8, 16 or 32 a row) each
-// thread keeps one 16-byte column and steps its pointers down the rows: a division per copy (the general loop) was
-// 40% of the backward scan's issue time at one sequence (Nsight Compute, H200, 2026-12-03).
-__device__ __forceinline__ void stage_async(void* dst, int dst_stride, const void* src, long src_stride, int rows, int row_bytes) {
-    int per = row_bytes / 16, step = blockDim.x / per;
-    if (step * per == (int)blockDim.x) {
-        int r = threadIdx.x / per, p = threadIdx.x % per;
-        char* d = (char*)dst + (size_t)r * dst_stride + p * 16;
-        const char* s = (const char*)src + r * src_stride + p * 16;
-        for (; r < rows; r += step, d += (size_t)step * dst_stride, s += step * src_stride) { __pipeline_memcpy_async(d, s, 16); }
-        return;
-    }
-    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
-        int r = i / per, p = i % per;
-        __pipeline_memcpy_async((char*)dst + (size_t)r * dst_stride + p * 16, (const char*)src + r * src_stride + p * 16, 16);
-    }
-}
 // the chunk's last-row decay: gw floats (1 or K)
 __device__ __forceinline__ void stage_glast(float* dst, const float* G, long row, int gw) {
     if (gw == 1) {
