@@ -3157,6 +3157,19 @@ static __host__ __device__ ScoresSmem scores_tc_smem(int C, int K, int which) {
     else { z.total = z.g + z.qk + z.dpx + z.diag + 2 * z.sub + z.out; }                          // dk̃
     return z;
 }
+// f(r, c) for every element of a rows x cols tile, spread over the block. Where the block is a whole number of rows
+// (K = 64, 128, 256 on 256 threads) each thread keeps its column and steps down the rows, with no division per
+// element (the general loop's e / cols, e % cols was 16-27% of these kernels' issue time, Nsight Compute, H200,
+// 2026-12-03); the lanes of a warp then share a row, so per-row loop counts stay uniform within the warp.
+template <typename F>
+__device__ __forceinline__ void for_tile(int rows, int cols, F f) {
+    int step = blockDim.x / cols;
+    if (step * cols == (int)blockDim.x) {
+        for (int r = threadIdx.x / cols, c = threadIdx.x % cols; r < rows; r += step) { f(r, c); }
+    } else {
+        for (int e = threadIdx.x; e < rows * cols; e += blockDim.x) { f(e / cols, e % cols); }
+    }
+}
 // chunk rows of G (fp32) and of a floatX tensor into padded shared rows: 16-byte cp.async copies, all in flight before
 // the thread waits for them (a __syncthreads must still follow before other threads read them)
 __device__ __forceinline__ void sc_stage_g(float* g_s, const float* G, long r0, int C, int K) {
@@ -3208,35 +3221,44 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
             if (e % C >= f + SUB) { oM[e] = 0.0f; oP[e] = 0.0f; } // above the diagonal
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < SUB * SUB; e += blockDim.x) { // the diagonal block, exact
-            int i = e / SUB, j = e % SUB;
+        // the diagonal block, exact: the SUB (SUB + 1) / 2 pairs j <= i on as many consecutive threads (the lanes of
+        // a thread per (i, j) above the diagonal idled through the channel loop: 40% of this kernel's issue time,
+        // Nsight Compute, H200, 2026-12-03); the threads after them write the zeros above the diagonal
+        static_assert(SUB * (SUB + 1) / 2 < 256, "the diagonal's pairs and the zeros above it need 256 threads");
+        int np = SUB * (SUB + 1) / 2, t = threadIdx.x;
+        if (t < np) {
+            int i = 0;
+            while ((i + 1) * (i + 2) / 2 <= t) { i++; }
+            int j = t - i * (i + 1) / 2;
             float m = 0.0f, pp = 0.0f;
-            if (j <= i) {
-                const float* gi = g_s + (f + i) * lg;
-                const float* gj = g_s + (f + j) * lg;
-                for (int c = 0; c < K; c++) {
-                    float ex = __expf(gi[c] - gj[c]) * __bfloat162float(kt_s[(f + j) * lk + c]);
-                    m += __bfloat162float(kI[i * lk + c]) * ex;
-                    pp += __bfloat162float(qI[i * lk + c]) * ex;
-                }
+            const float* gi = g_s + (f + i) * lg;
+            const float* gj = g_s + (f + j) * lg;
+            for (int c = 0; c < K; c++) {
+                float ex = __expf(gi[c] - gj[c]) * __bfloat162float(kt_s[(f + j) * lk + c]);
+                m += __bfloat162float(kI[i * lk + c]) * ex;
+                pp += __bfloat162float(qI[i * lk + c]) * ex;
             }
             oM[i * C + f + j] = j < i ? m : 0.0f;
             oP[i * C + f + j] = pp;
+        } else {
+            for (int e = t - np; e < SUB * SUB; e += blockDim.x - np) {
+                int i = e / SUB, j = e % SUB;
+                if (j > i) { oM[i * C + f + j] = 0.0f; oP[i * C + f + j] = 0.0f; }
+            }
         }
         if (I > 0) {
         __syncthreads(); // the diagonal is done with the unscaled rows
-        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-            int i = e / K, c = e % K;
+        for_tile(SUB, K, [&](int i, int c) {
             float ex = __expf(g_s[(f + i) * lg + c] - g_s[f * lg + c]);
             qI[i * lk + c] = __float2bfloat16(__bfloat162float(qI[i * lk + c]) * ex);
             kI[i * lk + c] = __float2bfloat16(__bfloat162float(kI[i * lk + c]) * ex);
-        }
+        });
         for (int J = 0; J < I; J++) {
             __syncthreads(); // the previous J's products are done with bh
-            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-                int j = e / K, c = e % K, rj = J * SUB + j;
+            for_tile(SUB, K, [&](int j, int c) {
+                int rj = J * SUB + j;
                 bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * __expf(g_s[f * lg + c] - g_s[rj * lg + c]));
-            }
+            });
             __syncthreads();
             if (warp < 2) { // warp 0: Mk_IJ = (k̂ scaled)(k̃ scaled)ᵀ, warp 1: P_IJ = (q̂ scaled)(k̃ scaled)ᵀ
                 FragC acc;
@@ -3441,10 +3463,10 @@ __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, 
         for (int t = 0; t < 2; t++) { wmma::fill_fragment(accq[t], 0.0f); wmma::fill_fragment(acck[t], 0.0f); }
         for (int J = 0; J < I; J++) {
             __syncthreads(); // bh is free (and, the first time, the staging above is complete)
-            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-                int j = e / K, c = e % K, rj = J * SUB + j;
+            for_tile(SUB, K, [&](int j, int c) {
+                int rj = J * SUB + j;
                 bh[j * lk + c] = __float2bfloat16(__bfloat162float(kt_s[rj * lk + c]) * __expf(g_s[f * lg + c] - g_s[rj * lg + c]));
-            }
+            });
             __syncthreads();
             for (int t = 0; t < 2; t++) {
                 int n = warp + 8 * t;
@@ -3461,8 +3483,8 @@ __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, 
             wmma::store_matrix_sync(ok + 16 * n, acck[t], lo, wmma::mem_row_major);
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) { // the diagonal block, exact, plus the scaled products
-            int i = e / K, c = e % K, ri = f + i;
+        for_tile(SUB, K, [&](int i, int c) { // the diagonal block, exact, plus the scaled products
+            int ri = f + i;
             float gi = g_s[ri * lg + c], aq = 0.0f, ak = 0.0f;
             for (int jj = 0; jj <= i; jj++) {
                 int rj = f + jj;
@@ -3474,7 +3496,7 @@ __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, 
             long idx = (r0 + ri) * K + c;
             dq_s[idx] = aq + sc * oq[i * lo + c];
             dkh_s[idx] = ak + sc * ok[i * lo + c];
-        }
+        });
     }
 }
 
@@ -3508,12 +3530,12 @@ __global__ void __launch_bounds__(256) scores_channel_dkt_tc_kernel(float* dkt_s
         for (int t = 0; t < 2; t++) { wmma::fill_fragment(acc[t], 0.0f); }
         for (int I = J + 1; I < nb; I++) {
             __syncthreads(); // qh, khh are free (and, the first time, the staging is complete)
-            for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-                int i = e / K, c = e % K, ri = I * SUB + i;
+            for_tile(SUB, K, [&](int i, int c) {
+                int ri = I * SUB + i;
                 float ex = __expf(g_s[ri * lg + c] - g_s[r * lg + c]);
                 qh[i * lk + c] = __float2bfloat16(__bfloat162float(q_s[ri * lk + c]) * ex);
                 khh[i * lk + c] = __float2bfloat16(__bfloat162float(kh_s[ri * lk + c]) * ex);
-            }
+            });
             __syncthreads();
             for (int t = 0; t < 2; t++) { // dP_IJᵀ, dM_IJᵀ: the (I, J) blocks used transposed
                 int n = warp + 8 * t;
@@ -3529,8 +3551,8 @@ __global__ void __launch_bounds__(256) scores_channel_dkt_tc_kernel(float* dkt_s
             wmma::store_matrix_sync(ot + 16 * n, acc[t], lo, wmma::mem_row_major);
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < SUB * K; e += blockDim.x) {
-            int j = e / K, c = e % K, rj = J * SUB + j;
+        for_tile(SUB, K, [&](int j, int c) {
+            int rj = J * SUB + j;
             float gj = g_s[rj * lg + c], at = 0.0f;
             for (int rr = j; rr < SUB; rr++) {
                 int ri = J * SUB + rr;
@@ -3538,7 +3560,7 @@ __global__ void __launch_bounds__(256) scores_channel_dkt_tc_kernel(float* dkt_s
                 at += (dpd[ri * SUB + j] * __bfloat162float(q_s[ri * lk + c]) + dmd[ri * SUB + j] * __bfloat162float(kh_s[ri * lk + c])) * ex;
             }
             dkt_s[(r0 + rj) * K + c] = at + __expf(g_s[r * lg + c] - gj) * ot[j * lo + c];
-        }
+        });
     }
 }
 #endif
