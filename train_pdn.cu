@@ -3184,15 +3184,31 @@ __device__ __forceinline__ void sc_stage_x(__nv_bfloat16* d, const floatX* X, lo
 }
 // dP (lower with diagonal) and dM = beta_i dA (strict lower): bf16 copies for the products, fp32 diagonal blocks
 // (row i, column j - start of i's sub-block) for the exact part
+// (for_tile's rows, SC_BATCH at a time with all their loads issued first: a row after another waiting for its own
+// loads was 20-30% of the backward scores kernels' time, Nsight Compute, kda-340m, H200, 2026-12-03)
+#define SC_BATCH 4
 __device__ __forceinline__ void sc_stage_dpdm(__nv_bfloat16* dpx, __nv_bfloat16* dmx, float* dpd, float* dmd, const float* dP,
                                               const float* dA, const float* beta, long q, long r0, int C) {
     int lc = SC_LC(C);
-    for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
-        int i = e / C, j = e % C;
-        float vp = j <= i ? dP[q * C * C + e] : 0.0f, vm = j < i ? beta[r0 + i] * dA[q * C * C + e] : 0.0f;
-        dpx[i * lc + j] = __float2bfloat16(vp);
-        dmx[i * lc + j] = __float2bfloat16(vm);
-        if (j / SUB == i / SUB) { dpd[i * SUB + j % SUB] = vp; dmd[i * SUB + j % SUB] = vm; }
+    for (int e0 = threadIdx.x; e0 < C * C; e0 += SC_BATCH * blockDim.x) {
+        float p[SC_BATCH], a[SC_BATCH], b[SC_BATCH];
+        #pragma unroll
+        for (int t = 0; t < SC_BATCH; t++) {
+            int e = e0 + t * blockDim.x, i = e / C, j = e % C;
+            bool in = e < C * C;
+            p[t] = in && j <= i ? dP[q * C * C + e] : 0.0f;
+            a[t] = in && j < i ? dA[q * C * C + e] : 0.0f;
+            b[t] = in ? beta[r0 + i] : 0.0f;
+        }
+        #pragma unroll
+        for (int t = 0; t < SC_BATCH; t++) {
+            int e = e0 + t * blockDim.x, i = e / C, j = e % C;
+            if (e >= C * C) { break; }
+            float vp = p[t], vm = j < i ? b[t] * a[t] : 0.0f;
+            dpx[i * lc + j] = __float2bfloat16(vp);
+            dmx[i * lc + j] = __float2bfloat16(vm);
+            if (j / SUB == i / SUB) { dpd[i * SUB + j % SUB] = vp; dmd[i * SUB + j % SUB] = vm; }
+        }
     }
 }
 
@@ -3451,11 +3467,29 @@ __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, 
     sc_stage_g(g_s, G, r0, C, K);
     sc_stage_x(kt_s, Kt, r0, C, K);
     sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, q, r0, C);
-    for (int i = warp; i < C; i += 8) { // dbetaA, a warp per row
-        float db = 0.0f;
-        for (int j = lane; j < i; j += 32) { db += dA[q * C * C + (long)i * C + j] * Mk[q * C * C + (long)i * C + j]; }
-        db = warp_sum(db);
-        if (lane == 0) { dbetaA[r0 + i] = db; }
+    for (int i0 = warp; i0 < C; i0 += 8 * SC_BATCH) { // dbetaA, a warp per row, SC_BATCH rows' loads in flight
+        float da[SC_BATCH][2], mk[SC_BATCH][2];
+        static_assert(GPU_CHUNK_MAX <= 64, "dbetaA's rows are read as two 32-column halves");
+        #pragma unroll
+        for (int t = 0; t < SC_BATCH; t++) { // j = lane, lane + 32
+            int i = i0 + 8 * t;
+            #pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int j = lane + 32 * h;
+                bool in = i < C && j < i;
+                da[t][h] = in ? dA[q * C * C + (long)i * C + j] : 0.0f;
+                mk[t][h] = in ? Mk[q * C * C + (long)i * C + j] : 0.0f;
+            }
+        }
+        #pragma unroll
+        for (int t = 0; t < SC_BATCH; t++) {
+            int i = i0 + 8 * t;
+            float db = 0.0f;
+            #pragma unroll
+            for (int h = 0; h < 2; h++) { if (lane + 32 * h < i) { db += da[t][h] * mk[t][h]; } }
+            db = warp_sum(db);
+            if (lane == 0 && i < C) { dbetaA[r0 + i] = db; }
+        }
     }
     for (int I = 0; I < nb; I++) {
         int f = I * SUB;
