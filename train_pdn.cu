@@ -3137,6 +3137,7 @@ static bool scan_uses_wmma(const ChunkShape& s) {
 //     e^(G_r - G_j) after the product (summed over I > J in the same accumulators: the scale depends on J only).
 // The diagonal 16 x 16 blocks keep one exp per (i, j, channel) in fp32. Row strides are padded (bank conflicts);
 // the three kernels fit two or three blocks per multiprocessor at K = 128.
+#define SC_THREADS 256 // the three kernels' block: 8 warps, which their tile and row assignments count on
 #define SC_LG(K) ((K) + 4) // fp32 G rows (16-byte multiples for cp.async)
 #define SC_LK(K) ((K) + 8) // bf16 rows of K (WMMA operands: a multiple of 8)
 #define SC_LC(C) ((C) + 8) // bf16 rows of C
@@ -3212,7 +3213,7 @@ __device__ __forceinline__ void sc_stage_dpdm(__nv_bfloat16* dpx, __nv_bfloat16*
     }
 }
 
-__global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float* A, floatX* P, const floatX* Q, const floatX* Kh,
+__global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk, float* A, floatX* P, const floatX* Q, const floatX* Kh,
                                                                const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, nb = C / SUB, lg = SC_LG(K), lk = SC_LK(K), warp = threadIdx.x / 32;
@@ -3240,7 +3241,7 @@ __global__ void __launch_bounds__(256) scores_channel_tc_kernel(float* Mk, float
         // the diagonal block, exact: the SUB (SUB + 1) / 2 pairs j <= i on as many consecutive threads (the lanes of
         // a thread per (i, j) above the diagonal idled through the channel loop: 40% of this kernel's issue time,
         // Nsight Compute, H200, 2026-12-03); the threads after them write the zeros above the diagonal
-        static_assert(SUB * (SUB + 1) / 2 < 256, "the diagonal's pairs and the zeros above it need 256 threads");
+        static_assert(SUB * (SUB + 1) / 2 < SC_THREADS, "the diagonal's pairs, then the zeros above it");
         int np = SUB * (SUB + 1) / 2, t = threadIdx.x;
         if (t < np) {
             int i = 0;
@@ -3446,7 +3447,7 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
 
 // backward, rows side: dq_s_i = Σ_{j<=i} dP_ij k̃_j ⊙ e^(G_i - G_j), dk̂_s_i = Σ_{j<i} dM_ij k̃_j ⊙ e^(G_i - G_j) (dM = beta dA),
 // and dbetaA_i = Σ_j dA_ij Mk_ij. Each warp owns output tiles n = warp, warp + 8 (K <= 256) across the J loop.
-__global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, float* dkh_s, float* dbetaA, const float* dP,
+__global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float* dq_s, float* dkh_s, float* dbetaA, const float* dP,
                                                                   const float* dA, const float* Mk, const floatX* Kt,
                                                                   const float* G, const float* beta, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -3535,7 +3536,7 @@ __global__ void __launch_bounds__(256) scores_channel_dq_tc_kernel(float* dq_s, 
 }
 
 // backward, columns side: dk̃_s_j = Σ_{i>=j} (dP_ij q̂_i + dM_ij k̂_i) ⊙ e^(G_i - G_j)
-__global__ void __launch_bounds__(256) scores_channel_dkt_tc_kernel(float* dkt_s, const float* dP, const float* dA, const floatX* Q,
+__global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float* dkt_s, const float* dP, const float* dA, const floatX* Q,
                                                                    const floatX* Kh, const float* G, const float* beta,
                                                                    ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -4273,7 +4274,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     if (s.gk > 1) {
 #ifndef ENABLE_FP32
         if (p.scores_tc) {
-            scores_channel_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 0).total, main_stream>>>(sv->Mk, sc->A, sv->P, Q, Kh, Kt,
+            scores_channel_tc_kernel<<<nq, SC_THREADS, scores_tc_smem(C, K, 0).total, main_stream>>>(sv->Mk, sc->A, sv->P, Q, Kh, Kt,
                                                                                              sv->G, beta, s);
         } else
 #endif
@@ -4356,9 +4357,9 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     if (s.gk > 1) {
 #ifndef ENABLE_FP32
         if (p.scores_tc) {
-            scores_channel_dq_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 1).total, main_stream>>>(
+            scores_channel_dq_tc_kernel<<<nq, SC_THREADS, scores_tc_smem(C, K, 1).total, main_stream>>>(
                 sc->dq_s, sc->dkh_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Kt, sv->G, beta, s);
-            scores_channel_dkt_tc_kernel<<<nq, 256, scores_tc_smem(C, K, 2).total, main_stream>>>(
+            scores_channel_dkt_tc_kernel<<<nq, SC_THREADS, scores_tc_smem(C, K, 2).total, main_stream>>>(
                 sc->dkt_s, sc->dP, sc->dA, Q, Kh, sv->G, beta, s);
         } else
 #endif
