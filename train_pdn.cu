@@ -3299,6 +3299,12 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk
 // on rows staged with cp.async), the decay mask, then (I + A)^-1 in shared memory. Writes Mk, P and Tx; the unfused
 // path (fp32 build) goes through Mraw, Praw and A in global memory and a separate inverse kernel.
 #define SS_LD(C) ((C) + 4)
+// the lower-triangle pair (i, j), i >= j, with row-major index u = i (i + 1) / 2 + j (the tiles I >= J)
+__device__ __forceinline__ int2 tri_pair(int u) {
+    int i = 0;
+    while ((i + 1) * (i + 2) / 2 <= u) { i++; }
+    return make_int2(i, u - i * (i + 1) / 2);
+}
 #define SS_THREADS 256
 #define SS_TILES 3 // product tiles a warp holds (C <= 64: 2 x 10 tiles over 8 warps)
 static_assert(2 * (GPU_CHUNK_MAX / 16) * (GPU_CHUNK_MAX / 16 + 1) / 2 <= SS_TILES * (SS_THREADS / 32), "scores_scalar_tc_kernel's tiles");
@@ -3336,9 +3342,8 @@ __global__ void __launch_bounds__(SS_THREADS) scores_scalar_tc_kernel(float* Mk,
     for (int k = 0; k < SS_TILES; k++) {
         int t = warp + k * nw;
         if (t >= 2 * nt) { continue; }
-        int u = t % nt, I = 0;
-        while ((I + 1) * (I + 2) / 2 <= u) { I++; }
-        int J = u - I * (I + 1) / 2;
+        int2 ij = tri_pair(t % nt);
+        int I = ij.x, J = ij.y;
         wmma::fill_fragment(acc[k], 0.0f);
         mma_steps<FragBT>(acc[k], (t < nt ? Khs : Qs) + 16 * I * kp, kp, Kts + 16 * J * kp, 16, kp, K / 16);
     }
@@ -3347,9 +3352,8 @@ __global__ void __launch_bounds__(SS_THREADS) scores_scalar_tc_kernel(float* Mk,
     for (int k = 0; k < SS_TILES; k++) {
         int t = warp + k * nw;
         if (t >= 2 * nt) { continue; }
-        int u = t % nt, I = 0;
-        while ((I + 1) * (I + 2) / 2 <= u) { I++; }
-        int J = u - I * (I + 1) / 2;
+        int2 ij = tri_pair(t % nt);
+        int I = ij.x, J = ij.y;
         wmma::store_matrix_sync((t < nt ? Ms : Ps) + 16 * I * ld + 16 * J, acc[k], ld, wmma::mem_row_major);
     }
     __syncthreads();
@@ -3402,9 +3406,8 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
     __syncthreads();
     int nlow = nb * (nb + 1) / 2; // K̂K̃ᵀ's tiles I >= J, as scores_scalar_tc_kernel makes them
     for (int t = warp; t < nlow; t += nw) {
-        int I = 0;
-        while ((I + 1) * (I + 2) / 2 <= t) { I++; }
-        int J = t - I * (I + 1) / 2;
+        int2 ij = tri_pair(t);
+        int I = ij.x, J = ij.y;
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
         mma_steps<FragBT>(acc, Khs + 16 * I * kp, kp, Kts + 16 * J * kp, 16, kp, kt);
