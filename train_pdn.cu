@@ -3137,6 +3137,12 @@ static bool scan_uses_wmma(const ChunkShape& s) {
 //     e^(G_r - G_j) after the product (summed over I > J in the same accumulators: the scale depends on J only).
 // The diagonal 16 x 16 blocks keep one exp per (i, j, channel) in fp32. Row strides are padded (bank conflicts);
 // the three kernels fit two or three blocks per multiprocessor at K = 128.
+// the lower-triangle pair (i, j), i >= j, with row-major index u = i (i + 1) / 2 + j (the tiles I >= J)
+__device__ __forceinline__ int2 tri_pair(int u) {
+    int i = 0;
+    while ((i + 1) * (i + 2) / 2 <= u) { i++; }
+    return make_int2(i, u - i * (i + 1) / 2);
+}
 #define SC_THREADS 256 // the three kernels' block: 8 warps, which their tile and row assignments count on
 #define SC_LG(K) ((K) + 4) // fp32 G rows (16-byte multiples for cp.async)
 #define SC_LK(K) ((K) + 8) // bf16 rows of K (WMMA operands: a multiple of 8)
@@ -3244,9 +3250,8 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk
         static_assert(SUB * (SUB + 1) / 2 < SC_THREADS, "the diagonal's pairs, then the zeros above it");
         int np = SUB * (SUB + 1) / 2, t = threadIdx.x;
         if (t < np) {
-            int i = 0;
-            while ((i + 1) * (i + 2) / 2 <= t) { i++; }
-            int j = t - i * (i + 1) / 2;
+            int2 ij = tri_pair(t);
+            int i = ij.x, j = ij.y;
             float m = 0.0f, pp = 0.0f;
             const float* gi = g_s + (f + i) * lg;
             const float* gj = g_s + (f + j) * lg;
@@ -3299,12 +3304,6 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk
 // on rows staged with cp.async), the decay mask, then (I + A)^-1 in shared memory. Writes Mk, P and Tx; the unfused
 // path (fp32 build) goes through Mraw, Praw and A in global memory and a separate inverse kernel.
 #define SS_LD(C) ((C) + 4)
-// the lower-triangle pair (i, j), i >= j, with row-major index u = i (i + 1) / 2 + j (the tiles I >= J)
-__device__ __forceinline__ int2 tri_pair(int u) {
-    int i = 0;
-    while ((i + 1) * (i + 2) / 2 <= u) { i++; }
-    return make_int2(i, u - i * (i + 1) / 2);
-}
 #define SS_THREADS 256
 #define SS_TILES 3 // product tiles a warp holds (C <= 64: 2 x 10 tiles over 8 warps)
 static_assert(2 * (GPU_CHUNK_MAX / 16) * (GPU_CHUNK_MAX / 16 + 1) / 2 <= SS_TILES * (SS_THREADS / 32), "scores_scalar_tc_kernel's tiles");
