@@ -456,8 +456,9 @@ static float* colsum_partials(int nch, int M) {
     }
     return colsum_scratch;
 }
-static void colsum_finish(float* out, int nch, int M) {
-    colsum_final_kernel<<<cdiv(M, 32), dim3(32, 8), 0, main_stream>>>(out, colsum_scratch, nch, M);
+// off: where in the scratch the partials start (a kernel that writes two sets of partials puts the second after the first)
+static void colsum_finish(float* out, int nch, int M, size_t off = 0) {
+    colsum_final_kernel<<<cdiv(M, 32), dim3(32, 8), 0, main_stream>>>(out, colsum_scratch + off, nch, M);
     cudaCheck(cudaGetLastError());
 }
 static void colsum_add(float* out, const float* mat, long N, int M) {
@@ -597,18 +598,20 @@ static void rmsnorm_backward_rows(float* dinp, float* dw, const float* dout_f, c
 }
 
 // The same backward in one pass for the trainer's combination (dy fp32, x floatX) when C is a multiple of 128 up to
-// 1024: a warp per row with the row in registers (lane owns NPL groups of 4 columns: 16-byte fp32 and 8-byte bf16
+// 2048: a warp per row with the row in registers (lane owns NPL groups of 4 columns: 16-byte fp32 and 8-byte bf16
 // accesses), and the weight gradient summed on the fly (the two-kernel version re-read dy and x for it): each warp
 // over its RMS_RPW rows into its own row of shared memory (each lane owns its columns; in registers the sums spilled
-// at C = 1024), then the 8 warps in a fixed order into one partial row per block.
+// at C = 1024), then the NW warps in a fixed order into one partial row per block. NW = 8 up to C = 1024; past it 4,
+// so that the sums fit 48 KB of shared memory and the row (~4 NPL registers a lane for dy, 2 NPL each for x and w at
+// bf16) the registers of 2 blocks per multiprocessor (the 1b presets' C = 1792 took the two-kernel path, 2x slower).
 #define RMS_RPW 16
-template <int NPL>
-__global__ void __launch_bounds__(256, 2) rmsnorm_backward_fused_kernel(float* __restrict__ partial, float* __restrict__ dinp,
+template <int NPL, int NW>
+__global__ void __launch_bounds__(NW * 32, 2) rmsnorm_backward_fused_kernel(float* __restrict__ partial, float* __restrict__ dinp,
                                                                        const float* __restrict__ dbase, floatX* __restrict__ dinp_x,
                                                                        const float* __restrict__ dout, const floatX* __restrict__ inp,
                                                                        const floatX* __restrict__ w, const float* __restrict__ rstd,
                                                                        int N, int C) {
-    __shared__ float red[8][NPL * 128]; // (warp, C) the warps' weight-gradient sums
+    __shared__ float red[NW][NPL * 128]; // (warp, C) the warps' weight-gradient sums
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     XV<4> wx[NPL], xx[NPL]; // w and the row's x kept as floatX; the warp's dw sums in its own row of red
     #pragma unroll
@@ -616,7 +619,7 @@ __global__ void __launch_bounds__(256, 2) rmsnorm_backward_fused_kernel(float* _
         wx[k] = *(const XV<4>*)(w + 4 * (lane + 32 * k));
         *(float4*)&red[warp][4 * (lane + 32 * k)] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
-    int row0 = (blockIdx.x * 8 + warp) * RMS_RPW;
+    int row0 = (blockIdx.x * NW + warp) * RMS_RPW;
     for (int i = 0; i < RMS_RPW; i++) {
         int row = row0 + i;
         if (row >= N) { break; }
@@ -657,38 +660,36 @@ __global__ void __launch_bounds__(256, 2) rmsnorm_backward_fused_kernel(float* _
         }
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < C; c += 256) {
+    for (int c = threadIdx.x; c < C; c += NW * 32) {
         float s = 0.0f;
         #pragma unroll
-        for (int q = 0; q < 8; q++) { s += red[q][c]; }
+        for (int q = 0; q < NW; q++) { s += red[q][c]; }
         partial[(long)blockIdx.x * C + c] = s;
     }
+}
+// launch the instance for npl (1 ... NPL) without a case per width
+template <int NPL>
+static void rmsnorm_backward_fused(int npl, float* dinp, float* dw, const float* dbase, floatX* dinp_x, const float* dout_f,
+                                   const floatX* inp, const floatX* w, const float* rstd, long N, int C) {
+    if constexpr (NPL > 1) {
+        if (npl < NPL) { rmsnorm_backward_fused<NPL - 1>(npl, dinp, dw, dbase, dinp_x, dout_f, inp, w, rstd, N, C); return; }
+    }
+    constexpr int NW = NPL <= 8 ? 8 : 4;
+    int nch = cdiv(N, NW * RMS_RPW);
+    float* partial = colsum_partials(nch, C);
+    rmsnorm_backward_fused_kernel<NPL, NW><<<nch, NW * 32, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C);
+    cudaCheck(cudaGetLastError());
+    colsum_finish(dw, nch, C);
 }
 // dinp = (dbase or dinp) + the norm's backward (fp32, and its floatX copy if dinp_x), dw += the weight gradient
 static void rmsnorm_backward(float* dinp, float* dw, const float* dout_f, const floatX* dout_x, const floatX* inp,
                              const float* inp_f, const floatX* w, const float* rstd, long N, int C,
                              const float* dbase = nullptr, floatX* dinp_x = nullptr) {
     int npl = C / 128;
-    bool fused = dout_f && !inp_f && C % 128 == 0 && npl >= 1 && npl <= 8 && aligned16(dinp) && aligned16(dout_f) &&
+    bool fused = dout_f && !inp_f && C % 128 == 0 && npl >= 1 && npl <= 16 && aligned16(dinp) && aligned16(dout_f) &&
                  aligned16(inp) && aligned16(w) && (!dbase || aligned16(dbase)) && (!dinp_x || aligned16(dinp_x));
-    if (!fused) {
-        rmsnorm_backward_rows(dinp, dw, dout_f, dout_x, inp, inp_f, w, rstd, N, C, dbase, dinp_x);
-        return;
-    }
-    int nch = cdiv(N, 8 * RMS_RPW);
-    float* partial = colsum_partials(nch, C);
-    switch (npl) {
-        case 1: rmsnorm_backward_fused_kernel<1><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
-        case 2: rmsnorm_backward_fused_kernel<2><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
-        case 3: rmsnorm_backward_fused_kernel<3><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
-        case 4: rmsnorm_backward_fused_kernel<4><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
-        case 5: rmsnorm_backward_fused_kernel<5><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
-        case 6: rmsnorm_backward_fused_kernel<6><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
-        case 7: rmsnorm_backward_fused_kernel<7><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
-        default: rmsnorm_backward_fused_kernel<8><<<nch, 256, 0, main_stream>>>(partial, dinp, dbase, dinp_x, dout_f, inp, w, rstd, (int)N, C); break;
-    }
-    cudaCheck(cudaGetLastError());
-    colsum_finish(dw, nch, C);
+    if (fused) { rmsnorm_backward_fused<16>(npl, dinp, dw, dbase, dinp_x, dout_f, inp, w, rstd, N, C); }
+    else { rmsnorm_backward_rows(dinp, dw, dout_f, dout_x, inp, inp_f, w, rstd, N, C, dbase, dinp_x); }
 }
 
 // index of element (b, t, h, j) of a (B, T, H*D) tensor in the head-major padded layout (B, H, Tp, Dp), Dp >= D
@@ -1231,35 +1232,75 @@ __global__ void gate_forward_kernel(float* out, const floatX* pre, const floatX*
     float v = kind == 0 ? bmax * sigmoidf_(p) : -expf(tof(a_log[h])) * softplusf_(p + tof(dt_bias[c]));
     out[hm_index(b, t, c, H, gw, gwp, Tp)] = v;
 }
+// The channel decay (kind 1, gw % 4 == 0: N (H gw) elements, 55 M at the 1b KDA's 16 x 2048) by a thread per 4
+// consecutive channels of a head: 8-byte floatX loads, a 16-byte store, 32-bit index arithmetic once per 4 (the
+// kernel above spends most of its time in 64-bit divisions). The same arithmetic per element.
+__global__ void decay_forward_vec_kernel(float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias,
+                                         int N, int T, int H, int gw, int gwp, int Tp) {
+    int M4 = H * gw / 4, i = blockIdx.x * blockDim.x + threadIdx.x; // i over (N, M4)
+    if (i >= N * M4) { return; }
+    int r = i / M4, m = 4 * (i - r * M4), h = m / gw, j = m - h * gw, t = r % T, b = r / T;
+    float ea = -expf(tof(a_log[h])), p[4], v[4];
+    ldvx<4>(p, pre + (long)r * H * gw + m);
+    #pragma unroll
+    for (int u = 0; u < 4; u++) { v[u] = ea * softplusf_(p[u] + tof(dt_bias[m + u])); }
+    stvf<4>(out + (((long)b * H + h) * Tp + t) * gwp + j, v);
+}
 static void gate_forward(float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias, int kind, float bmax,
                          int B, int T, int H, int gw, int gwp, int Tp) {
-    gate_forward_kernel<<<cdiv((long)B * T * H * gw, 256), 256, 0, main_stream>>>(out, pre, a_log, dt_bias, kind, bmax, B, T, H, gw,
-                                                                                  gwp, Tp);
+    long n4 = (long)B * T * H * gw / 4;
+    if (kind == 1 && gw % 4 == 0 && gwp % 4 == 0 && n4 < INT_MAX && aligned16(out) && aligned16(pre)) {
+        decay_forward_vec_kernel<<<cdiv(n4, 256), 256, 0, main_stream>>>(out, pre, a_log, dt_bias, B * T, T, H, gw, gwp, Tp);
+    } else {
+        gate_forward_kernel<<<cdiv((long)B * T * H * gw, 256), 256, 0, main_stream>>>(out, pre, a_log, dt_bias, kind, bmax, B, T, H,
+                                                                                      gw, gwp, Tp);
+    }
     cudaCheck(cudaGetLastError());
 }
 
-// backward, one thread per element: dout (head-major fp32) -> dpre (token-major floatX, for the projection) and, for
-// the decay (kind 1), dpre_f (fp32: summed over tokens it is dt_bias's gradient) and alog_el = dout * out (summed over
-// tokens and the head's channels it is A_log's gradient)
-__global__ void gate_backward_kernel(floatX* __restrict__ dpre, int ld, float* __restrict__ dpre_f, float* __restrict__ alog_el, const float* __restrict__ dout, const float* __restrict__ out,
-                                     const floatX* __restrict__ pre, const floatX* __restrict__ a_log, const floatX* __restrict__ dt_bias, int kind, float bmax,
-                                     int B, int T, int H, int gw, int gwp, int Tp) {
+// backward of the sigmoid gate (kind 0), one thread per element: dout (head-major fp32) -> dpre (token-major floatX,
+// row stride ld, for the projection)
+__global__ void sigmoid_gate_backward_kernel(floatX* __restrict__ dpre, int ld, const float* __restrict__ dout,
+                                             const float* __restrict__ out, float bmax, int B, int T, int H, int gw, int gwp, int Tp) {
     long i = (long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long)B * T * H * gw) { return; }
     int c = (int)(i % (H * gw));
     long bt = i / (H * gw);
-    int t = (int)(bt % T), b = (int)(bt / T), h = c / gw;
+    int t = (int)(bt % T), b = (int)(bt / T);
     long ih = hm_index(b, t, c, H, gw, gwp, Tp);
-    float d = dout[ih], o = out[ih], dp;
-    if (kind == 0) {
-        float sg = o / bmax;
-        dp = d * bmax * sg * (1.0f - sg);
-    } else {
-        dp = d * -expf(tof(a_log[h])) * sigmoidf_(tof(pre[i]) + tof(dt_bias[c]));
-        dpre_f[i] = dp;
-        alog_el[i] = d * o;
+    float sg = out[ih] / bmax;
+    dpre[bt * ld + c] = fromf<floatX>(dout[ih] * bmax * sg * (1.0f - sg));
+}
+// backward of the log decay (kind 1): dpre, and the column sums over tokens of its parameters' gradient terms, dp
+// (dt_bias's) and dout * out (A_log's, per channel), in one pass with colsum_partial_kernel's grid and order (32
+// columns x 8 row lanes, chunks of COLSUM_ROWS rows): the (N, H gw) fp32 terms are not stored and read back.
+// __fadd_rn keeps each term rounded before it is added, as a stored term was. partial: the dt_bias sums (nch, M),
+// then the A_log ones (nch, M).
+__global__ void decay_backward_kernel(float* __restrict__ partial, floatX* __restrict__ dpre, int ld, const float* __restrict__ dout,
+                                      const float* __restrict__ out, const floatX* __restrict__ pre, const floatX* __restrict__ a_log,
+                                      const floatX* __restrict__ dt_bias, int N, int T, int H, int gw, int gwp, int Tp) {
+    int M = H * gw, m = blockIdx.x * 32 + threadIdx.x, ch = blockIdx.y;
+    int r1 = min(N, (ch + 1) * COLSUM_ROWS);
+    float sdt = 0.0f, sa = 0.0f;
+    if (m < M) {
+        int h = m / gw, j = m - h * gw;
+        float ea = -expf(tof(a_log[h])), db = tof(dt_bias[m]);
+        int r = ch * COLSUM_ROWS + threadIdx.y, t = r % T, b = r / T; // (b, t) of row r, stepped without a division
+        for (; r < r1; r += 8) {
+            long ih = (((long)b * H + h) * Tp + t) * gwp + j;
+            float d = dout[ih], o = out[ih];
+            float dp = d * ea * sigmoidf_(tof(pre[(long)r * M + m]) + db);
+            dpre[(long)r * ld + m] = fromf<floatX>(dp);
+            sdt = __fadd_rn(sdt, dp);
+            sa = __fadd_rn(sa, d * o);
+            for (t += 8; t >= T; t -= T) { b++; }
+        }
     }
-    dpre[bt * ld + c] = fromf<floatX>(dp);
+    sdt = colsum_block_reduce(sdt);
+    if (threadIdx.y == 0 && m < M) { partial[(long)ch * M + m] = sdt; }
+    __syncthreads(); // colsum_block_reduce's shared rows are written again
+    sa = colsum_block_reduce(sa);
+    if (threadIdx.y == 0 && m < M) { partial[((long)gridDim.y + ch) * M + m] = sa; }
 }
 // out[h] += Σ_j in[h * gw + j] (A_log from the per-channel column sums of a channel decay)
 __global__ void sum_groups_kernel(float* out, const float* in, int H, int gw) {
@@ -1270,23 +1311,28 @@ __global__ void sum_groups_kernel(float* out, const float* in, int H, int gw) {
     out[h] += s;
 }
 // gradient of a gate (dpre: row stride ld, a slice of the packed projection gradients, or H*gw); for the decay also
-// of its parameters: ddt_bias (H*gw) and da_log (H) accumulate
-static void gate_backward(floatX* dpre, int ld, float* dpre_f, float* alog_el, float* ddt_bias, float* da_log, float* tmp,
-                          const float* dout, const float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias,
-                          int kind, float bmax, int B, int T, int H, int gw, int gwp, int Tp) {
-    long n = (long)B * T * H * gw;
-    gate_backward_kernel<<<cdiv(n, 256), 256, 0, main_stream>>>(dpre, ld, dpre_f, alog_el, dout, out, pre, a_log, dt_bias, kind,
-                                                                bmax, B, T, H, gw, gwp, Tp);
+// of its parameters: ddt_bias (H*gw) and da_log (H) accumulate (tmp: H*gw floats of scratch)
+static void gate_backward(floatX* dpre, int ld, float* ddt_bias, float* da_log, float* tmp, const float* dout, const float* out,
+                          const floatX* pre, const floatX* a_log, const floatX* dt_bias, int kind, float bmax,
+                          int B, int T, int H, int gw, int gwp, int Tp) {
+    int N = B * T, M = H * gw;
+    if (kind == 0) {
+        sigmoid_gate_backward_kernel<<<cdiv((long)N * M, 256), 256, 0, main_stream>>>(dpre, ld, dout, out, bmax, B, T, H, gw, gwp, Tp);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
+    int nch = cdiv(N, COLSUM_ROWS);
+    float* partial = colsum_partials(2 * nch, M);
+    decay_backward_kernel<<<dim3(cdiv(M, 32), nch), dim3(32, 8), 0, main_stream>>>(partial, dpre, ld, dout, out, pre, a_log,
+                                                                                   dt_bias, N, T, H, gw, gwp, Tp);
     cudaCheck(cudaGetLastError());
-    if (kind == 1) {
-        colsum_add(ddt_bias, dpre_f, (long)B * T, H * gw);
-        if (gw == 1) { colsum_add(da_log, alog_el, (long)B * T, H); }
-        else {
-            cudaCheck(cudaMemsetAsync(tmp, 0, (size_t)H * gw * sizeof(float), main_stream));
-            colsum_add(tmp, alog_el, (long)B * T, H * gw);
-            sum_groups_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(da_log, tmp, H, gw);
-            cudaCheck(cudaGetLastError());
-        }
+    colsum_finish(ddt_bias, nch, M);
+    if (gw == 1) { colsum_finish(da_log, nch, M, (size_t)nch * M); }
+    else {
+        cudaCheck(cudaMemsetAsync(tmp, 0, (size_t)M * sizeof(float), main_stream));
+        colsum_finish(tmp, nch, M, (size_t)nch * M);
+        sum_groups_kernel<<<1, 32 * cdiv(H, 32), 0, main_stream>>>(da_log, tmp, H, gw);
+        cudaCheck(cudaGetLastError());
     }
 }
 
@@ -1363,10 +1409,11 @@ __global__ void onorm_gate_backward_kernel(floatX* __restrict__ dO, floatX* __re
     }
 }
 
-// The same two kernels with the row in registers where V is a multiple of 128 (at most 256): each lane owns NPL
-// groups of 4 consecutive columns (16-byte fp32, 8-byte floatX accesses), so a row is read once with all of its loads
-// in flight (the loops above read the fp32 o twice, 4 bytes per lane at a time: ~2.3 TB/s at the 340m shape). The
-// backward's per-warp o_norm sums stay in shared memory (each lane owns its columns), then the warps in fixed order.
+// The same two kernels with the row in registers where V is a multiple of 4 (at most 256): each lane owns NPL =
+// ceil(V / 128) groups of 4 consecutive columns (16-byte fp32, 8-byte floatX accesses), group 4 (lane + 32 k) if it is
+// below V (at V = 120 lanes 30 and 31 idle), so a row is read once with all of its loads in flight (the loops above
+// read o twice, 2 bytes per lane at a time: per element ~2.5x the time of these, H200, 1b KDA's V = 120). The backward's
+// per-warp o_norm sums stay in shared memory (each lane owns its columns), then the warps in fixed order.
 template <int NPL>
 __global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rstd, const floatX* o, const floatX* w,
                                               const floatX* gz, int B, int T, int H, int V, int Vp, int Tp, float eps) {
@@ -1380,6 +1427,7 @@ __global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rst
     float xv[NPL][4], ss = 0.0f;
     #pragma unroll
     for (int k = 0; k < NPL; k++) {
+        if (4 * (lane + 32 * k) >= V) { continue; }
         ldvx<4>(xv[k], x + 4 * (lane + 32 * k));
         #pragma unroll
         for (int u = 0; u < 4; u++) { ss += xv[k][u] * xv[k][u]; }
@@ -1390,6 +1438,7 @@ __global__ void onorm_gate_forward_vec_kernel(floatX* on, floatX* og, float* rst
     #pragma unroll
     for (int k = 0; k < NPL; k++) {
         int c = 4 * (lane + 32 * k);
+        if (c >= V) { continue; }
         XV<4> wx = *(const XV<4>*)(w + c), n;
         #pragma unroll
         for (int u = 0; u < 4; u++) { n.v[u] = fromf<floatX>(xv[k][u] * r * tof(wx.v[u])); }
@@ -1411,8 +1460,8 @@ __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* 
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     XV<4> wx[NPL];
     #pragma unroll
-    for (int k = 0; k < NPL; k++) {
-        wx[k] = *(const XV<4>*)(w + 4 * (lane + 32 * k));
+    for (int k = 0; k < NPL; k++) { // a group at or past V is never read or stored (its sums stay zero)
+        if (4 * (lane + 32 * k) < V) { wx[k] = *(const XV<4>*)(w + 4 * (lane + 32 * k)); }
         *(float4*)&wsum[warp][4 * (lane + 32 * k)] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     long rows = (long)B * T * H, rend = min(rows, (long)(blockIdx.x + 1) * ONORM_ROWS);
@@ -1425,12 +1474,14 @@ __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* 
         #pragma unroll
         for (int k = 0; k < NPL; k++) {
             int c = 4 * (lane + 32 * k);
+            if (c >= V) { continue; }
             ldvf<4>(dn[k], dog + row * V + c);
             ldvx<4>(ov[k], o + hb + c);
         }
         #pragma unroll
         for (int k = 0; k < NPL; k++) {
             int c = 4 * (lane + 32 * k);
+            if (c >= V) { continue; }
             if (gz) {
                 XV<4> g = *(const XV<4>*)(gz + row * V + c), dzx;
                 float dz[4];
@@ -1453,6 +1504,7 @@ __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* 
         #pragma unroll
         for (int k = 0; k < NPL; k++) {
             int c = 4 * (lane + 32 * k);
+            if (c >= V) { continue; }
             XV<4> d;
             float4 s = *(float4*)&wsum[warp][c];
             float sv[4] = {s.x, s.y, s.z, s.w};
@@ -1472,12 +1524,14 @@ __global__ void onorm_gate_backward_vec_kernel(floatX* __restrict__ dO, floatX* 
         partial[(long)blockIdx.x * V + j] = tsum;
     }
 }
-// launchers: the vector kernels where V allows (the arena aligns every buffer; V % 128 keeps each row aligned)
+// launchers: the vector kernels where V allows (the arena aligns every buffer; V % 4 and Vp % 4 keep each row's groups
+// aligned: 16 bytes of fp32, 8 of bf16)
+static bool onorm_vec(int V, int Vp) { return V % 4 == 0 && Vp % 4 == 0 && V <= 256; }
 static void onorm_gate_forward(floatX* on, floatX* og, float* rstd, const floatX* o, const floatX* w, const floatX* gz,
                                int B, int T, int H, int V, int Vp, int Tp, float eps) {
     long rows = (long)B * T * H;
-    bool vec = V % 128 == 0 && V <= 256 && aligned16(on) && aligned16(og) && aligned16(o) && aligned16(w) && (!gz || aligned16(gz));
-    if (vec && V == 128) { onorm_gate_forward_vec_kernel<1><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Vp, Tp, eps); }
+    bool vec = onorm_vec(V, Vp) && aligned16(on) && aligned16(og) && aligned16(o) && aligned16(w) && (!gz || aligned16(gz));
+    if (vec && V <= 128) { onorm_gate_forward_vec_kernel<1><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Vp, Tp, eps); }
     else if (vec) { onorm_gate_forward_vec_kernel<2><<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Vp, Tp, eps); }
     else { onorm_gate_forward_kernel<<<cdiv(rows, 8), 256, 0, main_stream>>>(on, og, rstd, o, w, gz, B, T, H, V, Vp, Tp, eps); }
     cudaCheck(cudaGetLastError());
@@ -1488,9 +1542,9 @@ static void onorm_gate_backward(floatX* dO, floatX* dgz, float* dgz_f, float* dw
                                 int V, int Vp, int Tp) {
     int nblk = cdiv((long)B * T * H, ONORM_ROWS);
     float* partial = colsum_partials(nblk, V);
-    bool vec = V % 128 == 0 && V <= 256 && aligned16(dO) && aligned16(dog) && aligned16(o) && aligned16(w) &&
+    bool vec = onorm_vec(V, Vp) && aligned16(dO) && aligned16(dog) && aligned16(o) && aligned16(w) &&
                (!gz || (aligned16(gz) && aligned16(dgz) && aligned16(dgz_f)));
-    if (vec && V == 128) {
+    if (vec && V <= 128) {
         onorm_gate_backward_vec_kernel<1><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Vp, Tp);
     } else if (vec) {
         onorm_gate_backward_vec_kernel<2><<<nblk, 256, 0, main_stream>>>(dO, dgz, dgz_f, partial, dog, o, w, gz, rstd, B, T, H, V, Vp, Tp);
@@ -5174,7 +5228,7 @@ struct GradBufs {
     floatX *dresid_x, *dh_x, *dma_x, *dmg_x, *dmu_x, *dgz_x, *dO_x, *dg_pre_x;
     floatX *din_x, *win_x;  // (N, ip.width) the packed gradients of ln1's projections, (ip.width, d) their weights
     float* dwin;            // (ip.width, d) the packed weights' gradients
-    float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *dg_pre_f, *alog_prod, *pbuf;
+    float *dq, *dkh, *dkt, *dv, *dbeta, *dg, *dgp, *dbp, *pbuf;
     int *bucket_tok, *bucket_start, *bucket_pos;
     // attention layers: dO (floatX), dq / dk before the rotary embedding's backward (fp32), the projections' output
     // gradients (floatX), Di = rowsum(dO ⊙ O) (B, Ha, T)
@@ -5371,8 +5425,6 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         if (c->out_gate) { ar.add(&g.dgz_f, N * HV); ar.add(&g.dgz_x, N * HV); }
         if (chan) { ar.add(&g.dg_pre_x, N * H * gw); } // W_f2's output gradient (f1's goes into din_x)
         if (gk) { ar.add(&g.dg, rows * gwp); }
-        ar.add(&g.dg_pre_f, N * H * gw);
-        ar.add(&g.alog_prod, N * H * gw);
         if (diag) { ar.add(&g.dgp, rows); ar.add(&g.dbp, rows); }
         if (exact) { ar.add(&g.pbuf, (long)B * H * (C + 1) * Kp * Kp); }
         ar.add(&g.dbeta, rows);
@@ -6097,20 +6149,20 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         } }
         { PROF("bwd.gates");
         if (c->precond == PRECOND_DIAG) {
-            gate_backward(din(T_WAP), ldi, g.dg_pre_f, g.alog_prod, GG(T_DT_BIASP, l), GG(T_A_LOGP, l), g.wprod, g.dgp, la.gp,
+            gate_backward(din(T_WAP), ldi, GG(T_DT_BIASP, l), GG(T_A_LOGP, l), g.wprod, g.dgp, la.gp,
                           la.gp_pre, PP(T_A_LOGP, l), PP(T_DT_BIASP, l), 1, 1.0f, B, T, H, 1, 1, Tp);
-            gate_backward(din(T_WBP), ldi, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr,
+            gate_backward(din(T_WBP), ldi, nullptr, nullptr, nullptr, g.dbp, la.betap, la.bp_pre, nullptr,
                           nullptr, 0, 1.0f, B, T, H, 1, 1, Tp);
         }
         if (c->decay == DECAY_SCALAR) {
-            gate_backward(din(T_WA), ldi, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
+            gate_backward(din(T_WA), ldi, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
                           PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, 1, 1, Tp);
         } else if (c->decay == DECAY_CHANNEL) {
-            gate_backward(g.dg_pre_x, HK, g.dg_pre_f, g.alog_prod, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
+            gate_backward(g.dg_pre_x, HK, GG(T_DT_BIAS, l), GG(T_A_LOG, l), g.wprod, g.dg, la.g, la.g_pre,
                           PP(T_A_LOG, l), PP(T_DT_BIAS, l), 1, 0.0f, B, T, H, K, Kp, Tp);
             matmul_backward(din(T_WF1), DINP_SETX, GG(T_WF2, l), g.dg_pre_x, la.f1, PP(T_WF2, l), (int)N, V, HK, 0, ldi);
         }
-        gate_backward(din(T_WB), ldi, nullptr, nullptr, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
+        gate_backward(din(T_WB), ldi, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
                       0, bmax, B, T, H, 1, 1, Tp); }
         { PROF("bwd.l2norm+conv");
         conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, nullptr, la.qp, PP(T_CONV_Q, l), B, T, H, K, Kp, cs, Tp, 1, qscale);

@@ -10,16 +10,17 @@ Versions:
   v2  the trainer's forward, rmsnorm_forward (warp per row), and its general backward, rmsnorm_backward_rows (warp per
       row for dinp; the weight gradient as partial sums over 256-row chunks, rmsnorm_dw_partial_kernel, re-reading dy
       and x, then colsum_finish in fixed order)
-  v3  the trainer's backward, rmsnorm_backward: where C is a multiple of 128 up to 1024, one pass with the row in
-      registers (16-byte fp32 / 8-byte bf16 accesses) and the weight gradient summed on the fly per 128-row block
-      (rmsnorm_backward_fused_kernel); otherwise v2's kernels (C = 64 and 1792 below)
+  v3  the trainer's backward, rmsnorm_backward: where C is a multiple of 128 up to 2048, one pass with the row in
+      registers (16-byte fp32 / 8-byte bf16 accesses) and the weight gradient summed on the fly per block of 8 warps
+      (4 past C = 1024) of 16 rows each (rmsnorm_backward_fused_kernel); otherwise v2's kernels (C = 64 below)
 
 CPU reference in double from the inputs as the device sees them (a, b, w rounded to floatX; the residual rounded
 to floatX after an fp32 add, exactly as the device does, so it must match bit for bit).
-Validation: N = 1237 rows (not a multiple of 8 or 128), C = 64, 384, 1024, 1792 (tiny, a 3-group width, 340m, 1b),
+Validation: N = 1237 rows (not a multiple of 8 or 128), C = 64, 384, 1024, 1792, 2048 (tiny, a 3-group width, 340m,
+1b, the widest fused one),
 with and without the residual. Tolerances (relative L2): resid exact; out (floatX) 1e-2 in bf16 (one rounding, ~1e-3
 expected), 1e-5 in fp32; rstd 1e-5; dinp, dw (fp32 sums of C or N terms) 1e-4.
-Timing: N = 32768 rows (16 x 2048 tokens), C = 1024; GB/s counts the minimal traffic.
+Timing: N = 32768 rows (16 x 2048 tokens), C = 1024 and 1792 (340m, 1b); GB/s counts the minimal traffic.
 
 Build and run (from the repository root):
   make -C dev/cuda rmsnorm rmsnorm_fp32
@@ -199,9 +200,8 @@ static void validate_case(int version_sel, int C, int resid, uint64_t seed) {
     rn_free(d);
 }
 
-static void bench(int version_sel) {
+static void bench(int version_sel, int C) {
     const long N = 32768;
-    const int C = 1024;
     RnDev d;
     rn_alloc(d, N, C);
     lab_fill(d.a, N * C, FILL_NORMAL, 0.0f, 1.0f, 31);
@@ -234,11 +234,13 @@ int main(int argc, char** argv) {
     if (a.validate) {
         printf("\n=== validation: rmsnorm (%s) vs the CPU reference in double; N=1237 ===\n", PRECISION_NAME);
         uint64_t seed = 200;
-        for (int C : {64, 384, 1024, 1792}) {
+        for (int C : {64, 384, 1024, 1792, 2048}) {
             for (int resid = 1; resid >= 0; resid--) { validate_case(a.version, C, resid, seed++); }
         }
     }
-    if (a.bench) { bench(a.version); }
+    if (a.bench) {
+        for (int C : {1024, 1792}) { bench(a.version, C); }
+    }
     return lab_finish("rmsnorm");
 }
 #endif
