@@ -36,6 +36,8 @@ runs=(
     "conv_norm_fp32 --no-bench"
     "attention"
     "attention_fp32 --no-bench"
+    "gates"
+    "gates_fp32 --no-bench"
 )
 rows=()
 status=0
