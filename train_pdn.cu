@@ -1244,12 +1244,13 @@ __global__ void decay_forward_vec_kernel(float* out, const floatX* pre, const fl
     ldvx<4>(p, pre + (long)r * H * gw + m);
     #pragma unroll
     for (int u = 0; u < 4; u++) { v[u] = ea * softplusf_(p[u] + tof(dt_bias[m + u])); }
-    stvf<4>(out + (((long)b * H + h) * Tp + t) * gwp + j, v);
+    // __stwb: one 16-byte store (a plain float4 assignment compiled to four scalar stores here)
+    __stwb((float4*)(out + (((long)b * H + h) * Tp + t) * gwp + j), make_float4(v[0], v[1], v[2], v[3]));
 }
 static void gate_forward(float* out, const floatX* pre, const floatX* a_log, const floatX* dt_bias, int kind, float bmax,
                          int B, int T, int H, int gw, int gwp, int Tp) {
     long n4 = (long)B * T * H * gw / 4;
-    if (kind == 1 && gw % 4 == 0 && gwp % 4 == 0 && n4 < INT_MAX && aligned16(out) && aligned16(pre)) {
+    if (kind == 1 && gw % 4 == 0 && gwp % 4 == 0 && n4 <= INT_MAX - 256 && aligned16(out) && aligned16(pre)) {
         decay_forward_vec_kernel<<<cdiv(n4, 256), 256, 0, main_stream>>>(out, pre, a_log, dt_bias, B * T, T, H, gw, gwp, Tp);
     } else {
         gate_forward_kernel<<<cdiv((long)B * T * H * gw, 256), 256, 0, main_stream>>>(out, pre, a_log, dt_bias, kind, bmax, B, T, H,
@@ -1286,6 +1287,7 @@ __global__ void decay_backward_kernel(float* __restrict__ partial, floatX* __res
         int h = m / gw, j = m - h * gw;
         float ea = -expf(tof(a_log[h])), db = tof(dt_bias[m]);
         int r = ch * COLSUM_ROWS + threadIdx.y, t = r % T, b = r / T; // (b, t) of row r, stepped without a division
+        #pragma unroll 4
         for (; r < r1; r += 8) {
             long ih = (((long)b * H + h) * Tp + t) * gwp + j;
             float d = dout[ih], o = out[ih];
@@ -1293,7 +1295,8 @@ __global__ void decay_backward_kernel(float* __restrict__ partial, floatX* __res
             dpre[(long)r * ld + m] = fromf<floatX>(dp);
             sdt = __fadd_rn(sdt, dp);
             sa = __fadd_rn(sa, d * o);
-            for (t += 8; t >= T; t -= T) { b++; }
+            if (T >= 8) { t += 8; if (t >= T) { t -= T; b++; } } // at most one wrap: no loop, so the loads unroll
+            else { t = (r + 8) % T; b = (r + 8) / T; }
         }
     }
     sdt = colsum_block_reduce(sdt);
