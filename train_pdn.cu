@@ -372,15 +372,17 @@ static bool bwd_side_for(long B, int H, int V) {
     if (bwd_side_force >= 0) { return bwd_side_force != 0; }
     return B * H * cdiv(V, 32) < num_sms;
 }
+static void side_setup() { // once: the stream, its events and its GEMM workspace
+    if (side_stream) { return; }
+    int lowest, highest;
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    cudaCheck(cudaStreamCreateWithPriority(&side_stream, cudaStreamNonBlocking, lowest)); // no implicit sync
+    cudaCheck(cudaEventCreateWithFlags(&side_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&side_done, cudaEventDisableTiming));
+    cudaCheck(cudaMalloc(&side_workspace, cublaslt_workspace_size));
+}
 static void side_begin() {
-    if (!side_stream) { // first use: the stream, its events and its GEMM workspace
-        int lowest, highest;
-        cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
-        cudaCheck(cudaStreamCreateWithPriority(&side_stream, cudaStreamNonBlocking, lowest)); // no implicit sync
-        cudaCheck(cudaEventCreateWithFlags(&side_ready, cudaEventDisableTiming));
-        cudaCheck(cudaEventCreateWithFlags(&side_done, cudaEventDisableTiming));
-        cudaCheck(cudaMalloc(&side_workspace, cublaslt_workspace_size));
-    }
+    side_setup();
     cudaCheck(cudaEventRecord(side_ready, main_stream));
     cudaCheck(cudaStreamWaitEvent(side_stream, side_ready, 0));
 }
@@ -5332,7 +5334,8 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     int gk = pdn_decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
     int Kp = mixer_pad(K), Vp = mixer_pad(V), gwp = gk > 1 ? Kp : 1; // head-major widths (mixer_pad)
     a.cs = ChunkShape{B, H, T, Tp, C, NC, Kp, Vp, gk > 1 ? Kp : gk, (long)B * H * NC};
-    a.side = with_grads && bwd_side_for(B, H, Vp);
+    a.side = with_grads && layerset_count(&c->attn_layers) < c->n_layer && bwd_side_for(B, H, Vp);
+    if (a.side) { side_setup(); } // its stream and GEMM workspace now, before the memory is counted
     a.ip = in_proj_layout(&m->lay);
     long N = (long)B * T, rows = (long)B * H * Tp;
     int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
@@ -5644,7 +5647,9 @@ static void dist_connect(const TrainConfig* tc, int device) {
     pthread_mutex_lock(&watchdog_mu);
     dist.on = 1;
     pthread_mutex_unlock(&watchdog_mu);
-    cudaCheck(cudaStreamCreateWithFlags(&dist.stream, cudaStreamNonBlocking));
+    int lowest, highest; // the collectives at main_stream's (the highest) priority, not behind its blocks
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    cudaCheck(cudaStreamCreateWithPriority(&dist.stream, cudaStreamNonBlocking, highest));
 #endif
 }
 
@@ -6170,10 +6175,10 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, nullptr, la.qp, PP(T_CONV_Q, l), B, T, H, K, Kp, cs, Tp, 1, qscale);
         conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, nullptr, la.kp, PP(T_CONV_K, l), B, T, H, K, Kp, cs, Tp, 1, 1.0f);
         conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, nullptr, la.vp, PP(T_CONV_V, l), B, T, H, V, Vp, cs, Tp, 0, 1.0f); }
+        if (side) { side_join(); } // the second stream's GEMMs are done with ln (and everything else they read)
         PROF("bwd.matmul.in_proj+norm");
         // the weights' gradients in one GEMM over the packed slices (the gates' are 8 rows: alone they ran as slow
         // split-K GEMMs), each added to its tensor; ln1's (made again) gradient in one GEMM over the packed weights
-        if (side) { side_join(); } // the second stream's GEMMs are done with ln (and everything else they read)
         rmsnorm_apply(a->ln, x, la.ln1_rstd, PP(T_ATTN_NORM, l), N, d);
         matmul_lt(g.dwin, true, g.din_x, true, a->ln, false, ldi, d, (int)N, 1.0f, 0.0f, nullptr, ldi);
         for (int i = 0; i < ip.n; i++) {
