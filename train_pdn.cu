@@ -206,7 +206,7 @@ static std::vector<ProfMark> prof_pending;
 static std::vector<int> prof_open; // marks of the scopes open now, innermost last
 static std::vector<cudaEvent_t> prof_pool;
 static std::vector<std::pair<const char*, double>> prof_total; // name -> ms, in first-seen order
-static cudaStream_t main_stream = 0;
+static cudaStream_t main_stream = 0; // every kernel and copy of the step (gpu_setup makes it: a high-priority stream)
 
 static cudaEvent_t prof_event(void) {
     if (prof_pool.empty()) { cudaEvent_t e; cudaCheck(cudaEventCreate(&e)); return e; }
@@ -294,8 +294,12 @@ static const cublasComputeType_t cublas_compute = CUBLAS_COMPUTE_32F;
 // bias (N, floatX) is added when given (only with beta = 0 and a floatX output).
 // D (M, N) = alpha op(A) op(B) + beta D, row-major; lda / ldd: row strides of A and D when they are column slices
 // of a wider matrix (0: packed)
+// side: on the backward's second stream with its own workspace (side_stream below)
+static cudaStream_t side_stream = nullptr;
+static void* side_workspace = nullptr;
 static void matmul_lt(void* D, bool d_fp32, const floatX* A, bool transA, const floatX* B, bool transB,
-                      int M, int N, int K, float alpha, float beta, const floatX* bias, int lda = 0, int ldd = 0) {
+                      int M, int N, int K, float alpha, float beta, const floatX* bias, int lda = 0, int ldd = 0,
+                      bool side = false) {
     cublasLtMatmulDesc_t desc;
     cublasCheck(cublasLtMatmulDescCreate(&desc, cublas_compute, CUDA_R_32F));
     // column-major view: D' (N, M) = op(B') op(A'), B' = B viewed column-major
@@ -323,7 +327,8 @@ static void matmul_lt(void* D, bool d_fp32, const floatX* A, bool transA, const 
     cublasCheck(cublasLtMatmulAlgoGetHeuristic(cublaslt_handle, desc, la, lb, ld, ld, pref, 1, &heur, &found));
     if (found == 0) { fail(EXIT_SYSTEM, "cuBLASLt found no algorithm for a %d x %d x %d matmul", M, N, K); }
     cublasCheck(cublasLtMatmul(cublaslt_handle, desc, &alpha, B, la, A, lb, &beta, D, ld, D, ld, &heur.algo,
-                               cublaslt_workspace, cublaslt_workspace_size, main_stream));
+                               side ? side_workspace : cublaslt_workspace, cublaslt_workspace_size,
+                               side ? side_stream : main_stream));
     cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatrixLayoutDestroy(la);
     cublasLtMatrixLayoutDestroy(lb);
@@ -339,15 +344,51 @@ static void matmul_forward(floatX* out, const floatX* inp, const floatX* w, cons
 // dinp (N, C) = or += dout (N, OC) @ w (OC, C);  dw (OC, C) fp32 += doutᵀ @ inp.
 // dinp's mode: ADD into fp32 (several contributions), SET fp32 (the first or only one: no memset needed), SETX floatX.
 // ld_dout, ld_dinp: row strides when dout / dinp are column slices of a wider matrix (0: packed). dinp null: dw only;
-// dw null: dinp only.
+// dw null: dinp only. side: dw on the backward's second stream (side_begin, side_join).
 enum { DINP_ADD, DINP_SET, DINP_SETX };
 static void matmul_backward(void* dinp, int mode, float* dw, const floatX* dout, const floatX* inp, const floatX* w,
-                            int N, int C, int OC, int ld_dout = 0, int ld_dinp = 0) {
+                            int N, int C, int OC, int ld_dout = 0, int ld_dinp = 0, bool side = false) {
     if (dinp) {
         matmul_lt(dinp, mode != DINP_SETX, dout, false, w, false, N, C, OC, 1.0f, mode == DINP_ADD ? 1.0f : 0.0f, nullptr,
                   ld_dout, ld_dinp);
     }
-    if (dw) { matmul_lt(dw, true, dout, true, inp, false, OC, C, N, 1.0f, 1.0f, nullptr, ld_dout); }
+    if (dw) { matmul_lt(dw, true, dout, true, inp, false, OC, C, N, 1.0f, 1.0f, nullptr, ld_dout, 0, side); }
+}
+
+// The backward's second stream. The weight gradients of a layer's MLP and output projection need only what the
+// layer's backward has made before the mixer's, so they can run beside the mixer's backward scan, which leaves most
+// multiprocessors idle where few (b, h, 32 value columns) blocks walk long chains (1 x 32768: 32 blocks on 132 SMs,
+// ~2 ms a layer). They are queued after the mixer's backward and wait for side_begin, which the mixer's backward calls
+// just before the scan, so they become ready with it: queued before the mixer's backward (the first version), they
+// ran beside its full-device kernels and had finished before the scan started (+1% at 1 x 32768). side_stream has the
+// lowest priority and main_stream the highest (gpu_setup), so the scan's blocks, and main's after it, are scheduled
+// first. side_begin: side_stream waits for what main_stream has queued; side_join: main_stream waits for side_stream's
+// work (before the layer's input norm is made again into the buffer those GEMMs read, and everything after). The GEMMs
+// and their algorithms are the same on either stream, so the gradients are equal bit for bit. bwd_side_force
+// (PDN_BWD_SIDE=0|1) overrides the rule in bwd_side_for.
+static cudaEvent_t side_ready, side_done;
+static int bwd_side_force = -1;
+static bool bwd_side_for(long B, int H, int V) {
+    if (bwd_side_force >= 0) { return bwd_side_force != 0; }
+    return B * H * cdiv(V, 32) < num_sms;
+}
+static void side_setup() { // once: the stream, its events and its GEMM workspace
+    if (side_stream) { return; }
+    int lowest, highest;
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    cudaCheck(cudaStreamCreateWithPriority(&side_stream, cudaStreamNonBlocking, lowest)); // no implicit sync
+    cudaCheck(cudaEventCreateWithFlags(&side_ready, cudaEventDisableTiming));
+    cudaCheck(cudaEventCreateWithFlags(&side_done, cudaEventDisableTiming));
+    cudaCheck(cudaMalloc(&side_workspace, cublaslt_workspace_size));
+}
+static void side_begin() {
+    side_setup();
+    cudaCheck(cudaEventRecord(side_ready, main_stream));
+    cudaCheck(cudaStreamWaitEvent(side_stream, side_ready, 0));
+}
+static void side_join() {
+    cudaCheck(cudaEventRecord(side_done, side_stream));
+    cudaCheck(cudaStreamWaitEvent(main_stream, side_done, 0));
 }
 
 // Batched, row-major: C[i] (M, N) = alpha op(A[i]) op(B[i]) + beta C[i] for i < batch, strides in elements.
@@ -4378,7 +4419,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
 // scratch: after other layers' forwards, mixer_remake makes them again first.
 static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg, MixerScratch* sc,
                                  const MixerSaved* sv, const floatX* dO, const floatX* Q, const floatX* Kh, const floatX* Kt,
-                                 const floatX* Vv, const float* beta, int fold_kt, const ChunkShape& s) {
+                                 const floatX* Vv, const float* beta, int fold_kt, const ChunkShape& s, bool side = false) {
     int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V, rows = s.nq * C;
     int nq = (int)s.nq;
@@ -4390,6 +4431,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     }
     {
     PROF("mixer.bwd.scan");
+    if (side) { side_begin(); } // the second stream's work may run from here, beside the scan (pdn_backward)
 #ifndef ENABLE_FP32
     if (wmma_scan) { state_backward_wmma(sc, sv, dO, s, p.scan_groups, p.scan_stages); } else
 #endif
@@ -5269,6 +5311,7 @@ struct Acts {
     floatX* ln;                   // (N, d) the layer's ln1, then its ln2 (forward; made again in the backward)
     floatX* ma;                   // (N, I) the MLP's activation, W_down's input (likewise)
     int recompute;                // the backward runs each layer's forward again (one LayerActs for all layers)
+    bool side;                    // the backward's second stream (bwd_side_for): dmg_x, dmu_x outside the overlay
     int nstore; size_t layer_bytes; // layers with their own LayerActs, and the bytes of one
     floatX* lnf; float* lnf_rstd;
     floatX* logits; float* losses; int* argmax; // (M, vocab), (M), (M)
@@ -5348,6 +5391,8 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     int gk = pdn_decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
     int Kp = mixer_pad(K), Vp = mixer_pad(V), gwp = gk > 1 ? Kp : 1; // head-major widths (mixer_pad)
     a.cs = ChunkShape{B, H, T, Tp, C, NC, Kp, Vp, gk > 1 ? Kp : gk, (long)B * H * NC};
+    a.side = with_grads && layerset_count(&c->attn_layers) < c->n_layer && bwd_side_for(B, H, Vp);
+    if (a.side) { side_setup(); } // its stream and GEMM workspace now, before the memory is counted
     a.ip = in_proj_layout(&m->lay);
     long N = (long)B * T, rows = (long)B * H * Tp;
     int diag = c->precond == PRECOND_DIAG, exact = c->precond == PRECOND_EXACT, chan = c->decay == DECAY_CHANNEL;
@@ -5402,15 +5447,18 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     mixer_scratch_add(ar, &a.sc, a.cs, diag, plan);
     GradBufs& g = a.gb;
     memset(&g, 0, sizeof(g));
-    // One overlay for three sets that are never alive at once (one stream, in this order): the logits, from the
+    // One overlay for three sets that are never alive at once (in main_stream's order): the logits, from the
     // classifier's forward to its backward; the MLP backward's (N, I) gradients; the mixer backward's scratch and
     // its outputs. Only tensors that are written in full before every read go there: nothing in it relies on the
-    // zeros of the allocation (the padded rows and columns of dO, which the mixer reads, stay outside).
+    // zeros of the allocation (the padded rows and columns of dO, which the mixer reads, stay outside). With the
+    // backward's second stream, dmg_x and dmu_x stay outside too: its W_gate and W_up GEMMs read them while the
+    // mixer's backward writes its scratch.
     ar.overlay_begin();
     ar.add(&a.logits, N * c->vocab_size);
     if (with_grads) {
         ar.overlay_next();
-        ar.add(&g.dma_x, N * I); ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I);
+        ar.add(&g.dma_x, N * I);
+        if (!a.side) { ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I); }
         ar.overlay_next();
         mixer_scratch_grads_add(ar, &a.sc, a.cs, plan);
         ar.add(&g.dog, N * HV);
@@ -5419,6 +5467,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     ar.overlay_end();
     if (with_grads) {
         long wp = (long)H * gw; // the gates' small scratch
+        if (a.side) { ar.add(&g.dmg_x, N * I); ar.add(&g.dmu_x, N * I); }
         ar.add(&g.dresid, N * d); ar.add(&g.dh, N * d); ar.add(&g.dln, N * d);
         ar.add(&g.wprod, wp);
         ar.add(&g.dresid_x, N * d); ar.add(&g.dh_x, N * d);
@@ -5653,7 +5702,9 @@ static void dist_connect(const TrainConfig* tc, int device) {
     pthread_mutex_lock(&watchdog_mu);
     dist.on = 1;
     pthread_mutex_unlock(&watchdog_mu);
-    cudaCheck(cudaStreamCreateWithFlags(&dist.stream, cudaStreamNonBlocking));
+    int lowest, highest; // the collectives at main_stream's (the highest) priority, not behind its blocks
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    cudaCheck(cudaStreamCreateWithPriority(&dist.stream, cudaStreamNonBlocking, highest));
 #endif
 }
 
@@ -6113,12 +6164,14 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
             }
         }
         // MLP: out = h + W_down (silu(W_gate ln2) ⊙ W_up ln2); g.dresid = dL/dout, g.dresid_x its floatX copy
+        // side: the MLP's and W_o's weight gradients are made on the second stream during the mixer's backward scan
+        bool side = a->side && !pdn_is_attn(c, l);
         { PROF("bwd.mlp+norm");
         matmul_backward(g.dma_x, DINP_SETX, nullptr, g.dresid_x, nullptr, PP(T_WDOWN, l), (int)N, I, d);
         swiglu_backward(g.dmg_x, g.dmu_x, fresh ? nullptr : a->ma, g.dma_x, la.mg, la.mu, N * I);
-        matmul_backward(nullptr, 0, GG(T_WDOWN, l), g.dresid_x, a->ma, nullptr, (int)N, I, d);
-        matmul_backward(g.dln, DINP_SET, GG(T_WGATE, l), g.dmg_x, a->ln, PP(T_WGATE, l), (int)N, d, I);
-        matmul_backward(g.dln, DINP_ADD, GG(T_WUP, l), g.dmu_x, a->ln, PP(T_WUP, l), (int)N, d, I);
+        if (!side) { matmul_backward(nullptr, 0, GG(T_WDOWN, l), g.dresid_x, a->ma, nullptr, (int)N, I, d); }
+        matmul_backward(g.dln, DINP_SET, side ? nullptr : GG(T_WGATE, l), g.dmg_x, a->ln, PP(T_WGATE, l), (int)N, d, I);
+        matmul_backward(g.dln, DINP_ADD, side ? nullptr : GG(T_WUP, l), g.dmu_x, a->ln, PP(T_WUP, l), (int)N, d, I);
         // dh = dresid + the norm's backward (and its floatX copy for the output projection)
         rmsnorm_backward(g.dh, GG(T_MLP_NORM, l), g.dln, nullptr, la.h, nullptr, PP(T_MLP_NORM, l), la.ln2_rstd, N, d,
                          g.dresid, g.dh_x);
@@ -6128,7 +6181,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         } else {
         // mixer: h = x + W_o og
         { PROF("bwd.o+onorm+gate");
-        matmul_backward(g.dog, DINP_SET, GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
+        matmul_backward(g.dog, DINP_SET, side ? nullptr : GG(T_WO, l), g.dh_x, la.og, PP(T_WO, l), (int)N, HV, d);
         onorm_gate_backward(g.dO_x, g.dgz_x, g.dgz_f, GG(T_O_NORM, l), g.dog, la.mx.O, PP(T_O_NORM, l),
                             c->out_gate ? la.gz : nullptr, la.o_rstd, B, T, H, V, Vp, Tp);
         if (c->out_gate) {
@@ -6137,7 +6190,13 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         }
         }
         delta_chunk_backward(g.dq, g.dkh, g.dkt, g.dv, g.dbeta, gk ? g.dg : nullptr, &a->sc, &la.mx, g.dO_x, la.qn, la.kn,
-                             la.kt, la.v, la.beta, c->precond == PRECOND_NONE, a->cs);
+                             la.kt, la.v, la.beta, c->precond == PRECOND_NONE, a->cs, side);
+        if (side) { // queued here, they start with the scan (delta_chunk_backward's side_begin) and end at side_join
+            matmul_backward(nullptr, 0, GG(T_WDOWN, l), g.dresid_x, a->ma, nullptr, (int)N, I, d, 0, 0, true);
+            matmul_backward(nullptr, 0, GG(T_WGATE, l), g.dmg_x, a->ln, nullptr, (int)N, d, I, 0, 0, true);
+            matmul_backward(nullptr, 0, GG(T_WUP, l), g.dmu_x, a->ln, nullptr, (int)N, d, I, 0, 0, true);
+            matmul_backward(nullptr, 0, GG(T_WO, l), g.dh_x, la.og, nullptr, (int)N, HV, d, 0, 0, true);
+        }
         { PROF("bwd.precond");
         if (c->precond == PRECOND_DIAG) {
             PrecondBufs pb = a->sc.pc;
@@ -6171,6 +6230,7 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, nullptr, la.qp, PP(T_CONV_Q, l), B, T, H, K, Kp, cs, Tp, 1, qscale);
         conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, nullptr, la.kp, PP(T_CONV_K, l), B, T, H, K, Kp, cs, Tp, 1, 1.0f);
         conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, nullptr, la.vp, PP(T_CONV_V, l), B, T, H, V, Vp, cs, Tp, 0, 1.0f); }
+        if (side) { side_join(); } // the second stream's GEMMs are done with ln (and everything else they read)
         PROF("bwd.matmul.in_proj+norm");
         // the weights' gradients in one GEMM over the packed slices (the gates' are 8 rows: alone they ran as slow
         // split-K GEMMs), each added to its tensor; ln1's (made again) gradient in one GEMM over the packed weights
@@ -6477,7 +6537,13 @@ static cudaDeviceProp gpu_setup(int device = 0) {
     cudaDeviceProp prop;
     cudaCheck(cudaSetDevice(device));
     cudaCheck(cudaGetDeviceProperties(&prop, device));
+    // main_stream: a blocking stream, so it orders with the legacy default stream as stream 0 did (cudaMemcpy and the
+    // like still wait for its work), at the highest priority (the backward's second stream has the lowest)
+    int lowest, highest;
+    cudaCheck(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    cudaCheck(cudaStreamCreateWithPriority(&main_stream, cudaStreamDefault, highest));
     cublasCheck(cublasCreate(&cublas_handle));
+    cublasCheck(cublasSetStream(cublas_handle, main_stream));
     cublasCheck(cublasLtCreate(&cublaslt_handle));
     cudaCheck(cudaMalloc(&cublaslt_workspace, cublaslt_workspace_size));
     cublasCheck(cublasSetWorkspace(cublas_handle, cublaslt_workspace, cublaslt_workspace_size));
@@ -6548,6 +6614,8 @@ int main(int argc, char** argv) {
     // a kernel-plan experiment without a rebuild: PDN_SCAN_STAGES=1|2 forces the scans' stage buffers (MixerPlan)
     if (getenv("PDN_SCAN_STAGES")) { scan_stages_force = atoi(getenv("PDN_SCAN_STAGES")); }
 #endif
+    // likewise PDN_BWD_SIDE=0|1: the backward's second stream off or on whatever bwd_side_for says
+    if (getenv("PDN_BWD_SIDE")) { bwd_side_force = atoi(getenv("PDN_BWD_SIDE")) != 0; }
 
     Trainer tr;
     tr.tc = &tc;
@@ -6600,6 +6668,10 @@ int main(int argc, char** argv) {
     sdpa_setup(&mc, tc.B, tc.T); // cuDNN's attention plan for the training shape, if it builds here
 #endif
     mixer_plan_print(tr.acts.cs, mc.head_k, pdn_head_v(&mc));
+    printf("backward: the MLP's and W_o's weight gradients %s\n",
+           tr.acts.side
+               ? "on a second stream, beside the mixer's backward (its scans leave multiprocessors idle at this shape)"
+               : "on the main stream (the mixer's scans fill the device at this shape)");
     attention_plan_print(&mc);
     printf("device memory: parameters + optimizer %.1f MiB, activations %.1f MiB (%d x %.1f MiB kept per layer%s, %.1f MiB "
            "shared)%s\n",

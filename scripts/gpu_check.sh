@@ -98,6 +98,17 @@ for v in dn pdn gdn pgdn kda pkda pgdn+attn; do
         recompute_rows+=("$(printf "%-6s %-18s --recompute 1 vs 0, logits and gradients: %s" "$v" "$bin" "$same")")
     done
 done
+# The backward's second stream (the MLP's and W_o's weight gradients beside the mixer's scan) is on at the 340m-layer
+# shape (few blocks: bwd_side_for); PDN_BWD_SIDE=0 keeps everything on one stream: the same GEMMs, so bit for bit
+for v in pgdn pkda pgdn+attn; do
+    f="$out/$v.340m-layer"
+    extra=""; [ "$v" = "pgdn+attn" ] && extra="--attn-layers 1"
+    for bin in train_pdncu_fp32 train_pdncu; do
+        PDN_BWD_SIDE=0 ./$bin --preset ${v%%+*}-340m $extra ${shape[340m-layer]} --debug-state "$f.$bin.oneside.bin" > /dev/null 2>&1 || echo "FAILED: $bin $v PDN_BWD_SIDE=0"
+        same=$(cmp -s "$f.$bin.bin" "$f.$bin.oneside.bin" && echo "bit-exact" || echo "DIFFERENT")
+        recompute_rows+=("$(printf "%-6s %-18s one stream vs the backward's second stream, logits and gradients: %s" "$v" "$bin" "$same")")
+    done
+done
 # A run's robustness on the GPU (issue 17): (1) SIGTERM mid-run stops with exit 6 and a checkpoint, and -y 1 then
 # reproduces the uninterrupted run bit for bit; (2) a checkpoint whose loss is finite but whose gradient norm is NaN
 # (a_log_p x 1e8: exp overflows, 0 * inf in the backward) stops with exit 3 at step 1 with nothing written, and with
@@ -164,7 +175,7 @@ paste <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdn/main.log") <(grep -o 'trl:
       <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu/main.log")
 echo "checkpoints and resume:"
 printf '%s\n' "${resume_rows[@]}"
-echo "recompute (activation checkpointing per layer):"
+echo "recompute (activation checkpointing per layer) and the backward's second stream:"
 printf '%s\n' "${recompute_rows[@]}"
 echo "debug-state comparison against the CPU reference:"
 printf '%s\n' "${rows[@]}"
