@@ -176,7 +176,21 @@ static void validate_onorm(int version_sel, int V, int gated, uint64_t seed) {
         if (gated) {
             std::vector<float> g_dgz = lab_download_x(d_dgz, ntm), g_dgzf = lab_download(d_dgzf, ntm);
             snprintf(what, sizeof what, "%s dgz", tag); lab_check(what, rel_l2(g_dgz.data(), dgz.data(), ntm), TOL_X);
-            snprintf(what, sizeof what, "%s dgz fp32", tag); lab_check(what, rel_l2(g_dgzf.data(), dgz.data(), ntm), TOL_F);
+            // dgz carries the floatX-rounded on: where o r w falls on a rounding boundary, the device's fp32 rstd and the
+            // reference's double one round on to neighbouring floatX values (one bf16 ulp, 4e-3, on a few elements in
+            // ten thousand: ~5e-5 relative L2). The fp32 check therefore remakes on from the device's rstd, in float,
+            // in the kernel's order (o r) w; rstd itself is checked against double above.
+            std::vector<double> dgz_r(ntm);
+            for (int b = 0; b < B; b++) for (int t = 0; t < T; t++) for (int h = 0; h < H; h++) {
+                long row = ((long)b * T + t) * H + h;
+                const float* x = &o[(((size_t)b * H + h) * Tp + t) * Vp];
+                for (int j = 0; j < V; j++) {
+                    size_t i = (size_t)row * V + j;
+                    double on = lab_round(x[j] * g_r[row] * w[j]), s = lab_sigmoid(gz[i]);
+                    dgz_r[i] = dog[i] * on * s * (1.0 - s);
+                }
+            }
+            snprintf(what, sizeof what, "%s dgz fp32", tag); lab_check(what, rel_l2(g_dgzf.data(), dgz_r.data(), ntm), TOL_F);
         }
     }
     cudaCheck(cudaFree(d_o)); cudaCheck(cudaFree(d_w)); cudaCheck(cudaFree(d_gz)); cudaCheck(cudaFree(d_og));
