@@ -2422,7 +2422,13 @@ static void tri_inverse(floatX* Tx, const float* A, long nq, int C) {
 
 // The sequential part: one block per (b, h, V-tile of SCAN_BV columns), walking the chunks in order.
 // forward: hstate[c] = S; V'_c = U_c - W_c S; S = e^G_last ⊙ S + Kd_cᵀ V'_c. S (K x BV) fp32 in shared memory.
+// SCAN_BV: the value columns of a scan block, a multiple of 16 (SCAN_NJ 16-column tiles); -DSCAN_BV=16 builds the
+// narrower slice (twice the blocks, half the products a block per chunk) for measurement in the kernel lab
+#ifndef SCAN_BV
 #define SCAN_BV 32
+#endif
+#define SCAN_NJ (SCAN_BV / 16)
+static_assert(SCAN_BV % 16 == 0 && SCAN_BV >= 16, "SCAN_BV: a multiple of 16");
 __global__ void state_forward_kernel(floatX* hstate, floatX* Vn, const floatX* W, const floatX* U, const floatX* Kd,
                                      const float* G, const float* S0, float* S_final, ChunkShape s) {
     extern __shared__ float sm[];
@@ -2829,15 +2835,15 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         __pipeline_wait_prior(1); // NS = 1: this chunk's W, Qg; NS = 2: all of this chunk's operands
         __syncthreads();
         // O tile `warp` (if < mt x 2) starts as Qg Sb, in registers; Vt = W Sb on the warps counted from the other end
-        bool own = outs && warp < mt * 2;
-        int oi = warp / 2, oj = warp % 2;
+        bool own = outs && warp < mt * SCAN_NJ;
+        int oi = warp / SCAN_NJ, oj = warp % SCAN_NJ;
         FragC oacc;
         if (own) {
             wmma::fill_fragment(oacc, 0.0f);
             mma_steps<FragB>(oacc, Qgs + 16 * oi * kp, kp, Sb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, kt);
         }
-        for (int t = SCAN_WARPS_FWD - 1 - warp; t < mt * 2; t += SCAN_WARPS_FWD) {
-            int i = t / 2, j = t % 2;
+        for (int t = SCAN_WARPS_FWD - 1 - warp; t < mt * SCAN_NJ; t += SCAN_WARPS_FWD) {
+            int i = t / SCAN_NJ, j = t % SCAN_NJ;
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
             mma_steps<FragB>(acc, Ws + 16 * i * kp, kp, Sb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, kt);
@@ -2866,11 +2872,11 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
             }
         }
         __syncthreads();
-        // S = decay S + Kdᵀ V': (K x C)(C x 32), tiles (kt x 2); the owning warp then rounds its tile into Sb and, if
+        // S = decay S + Kdᵀ V': (K x C)(C x BV), tiles (kt x NJ); the owning warp then rounds its tile into Sb and, if
         // another chunk follows, writes it as that chunk's hstate
         float fs = gw > 1 ? 1.0f : dec[0];
-        for (int t = warp; t < kt * 2; t += SCAN_WARPS_FWD) {
-            int i = t / 2, j = t % 2;
+        for (int t = warp; t < kt * SCAN_NJ; t += SCAN_WARPS_FWD) {
+            int i = t / SCAN_NJ, j = t % SCAN_NJ;
             FragC acc;
             wmma::load_matrix_sync(acc, S + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] *= fs; }
@@ -3116,9 +3122,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
         const __nv_bfloat16* dOs = dOb + dO_slot(ch);
         __pipeline_wait_prior(1); // NS = 1: this chunk's Kd, P, dO, G_last; NS = 2: all of this chunk's operands
         __syncthreads();
-        // dV' = Pᵀ dO + Kd dSb: (C x C)(C x 32) + (C x K)(K x 32); the owning warp rounds its tile into Vb and dVn
-        for (int t = warp; t < mt * 2; t += SCAN_WARPS_BWD) {
-            int i = t / 2, j = t % 2;
+        // dV' = Pᵀ dO + Kd dSb: (C x C)(C x BV) + (C x K)(K x BV); the owning warp rounds its tile into Vb and dVn
+        for (int t = warp; t < mt * SCAN_NJ; t += SCAN_WARPS_BWD) {
+            int i = t / SCAN_NJ, j = t % SCAN_NJ;
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
             if (!homog) { // P lower with diagonal: (Pᵀ)_ik nonzero for k >= i
@@ -3149,11 +3155,11 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             }
             __syncthreads();
         }
-        // dS = decay dS + Qgᵀ dO - Wᵀ dV': (K x C)(C x 32); the owning warp rounds its tile into dSb and, if an earlier
+        // dS = decay dS + Qgᵀ dO - Wᵀ dV': (K x C)(C x BV); the owning warp rounds its tile into dSb and, if an earlier
         // chunk follows, writes it as that chunk's dhstate
         float fs = gw > 1 ? 1.0f : dec[0];
-        for (int t = warp; t < kt * 2; t += SCAN_WARPS_BWD) {
-            int i = t / 2, j = t % 2;
+        for (int t = warp; t < kt * SCAN_NJ; t += SCAN_WARPS_BWD) {
+            int i = t / SCAN_NJ, j = t % SCAN_NJ;
             FragC acc, neg;
             wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] *= fs; }
