@@ -2422,13 +2422,9 @@ static void tri_inverse(floatX* Tx, const float* A, long nq, int C) {
 
 // The sequential part: one block per (b, h, V-tile of SCAN_BV columns), walking the chunks in order.
 // forward: hstate[c] = S; V'_c = U_c - W_c S; S = e^G_last ⊙ S + Kd_cᵀ V'_c. S (K x BV) fp32 in shared memory.
-// SCAN_BV: the value columns of a scan block, a multiple of 16 (SCAN_NJ 16-column tiles); -DSCAN_BV=16 builds the
-// narrower slice (twice the blocks, half the products a block per chunk) for measurement in the kernel lab
-#ifndef SCAN_BV
+// SCAN_BV: the value columns of a SIMT scan block, and the unit of the V'/O remake's work items; the tensor-core scans
+// take theirs (BV, 16 or 32) from the plan (MixerPlan.scan_bv)
 #define SCAN_BV 32
-#endif
-#define SCAN_NJ (SCAN_BV / 16)
-static_assert(SCAN_BV % 16 == 0 && SCAN_BV >= 16, "SCAN_BV: a multiple of 16");
 __global__ void state_forward_kernel(floatX* hstate, floatX* Vn, const floatX* W, const floatX* U, const floatX* Kd,
                                      const float* G, const float* S0, float* S_final, ChunkShape s) {
     extern __shared__ float sm[];
@@ -2546,8 +2542,8 @@ __global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float*
 struct OutsPlan { int bw, ns, nw; };
 #ifndef ENABLE_FP32
 // The same two scans on tensor cores (bf16 mma.sync m16n8k16 through mma_steps below, fp32 accumulation), for K and C
-// multiples of 16 and V of SCAN_BV. One block per (b, h, 32 value columns) on the grid (value slices, b h): a head's
-// slices are neighbouring blocks, resident at the same time, so each chunk's W, Kd, Qg (the same for every slice)
+// multiples of 16 and V of SCAN_BV. One block per (b, h, BV value columns: 16 or 32, MixerPlan.scan_bv) on the grid
+// (value slices, b h): a head's slices are neighbouring blocks, resident at the same time, so each chunk's W, Kd, Qg (the same for every slice)
 // can come from the L2 after the first slice's read (on the H200 the order made no measurable difference, 2026-12-03).
 // The state S stays fp32 in shared memory; its bf16 copy Sb is the MMA operand (and what hstate stores), as in the
 // fp32 scan's use of the stored V'. The chunk's operands are staged in shared memory (below).
@@ -2689,8 +2685,8 @@ static void mma_selftest(void) {
 // bounds these kernels. Every shared tile's rows are padded (K + 8 or 32 + 8 bf16, 32 + 4 fp32 elements) against
 // shared-memory bank conflicts: unpadded 32-column state tiles put WMMA's 16 rows on the same few banks.
 #define SCAN_PADK(K) ((K) + 8)
-#define SCAN_PADV (SCAN_BV + 8)
-#define SCAN_PADF (SCAN_BV + 4)
+#define SCAN_PADV(bv) ((bv) + 8)
+#define SCAN_PADF(bv) ((bv) + 4)
 // the chunk's last-row decay: gw floats (1 or K)
 __device__ __forceinline__ void stage_glast(float* dst, const float* G, long row, int gw) {
     if (gw == 1) {
@@ -2732,18 +2728,18 @@ __device__ __forceinline__ uint4 vprime8(uint4 u, const float* wsb) {
 // while this one runs (one block per multiprocessor): the chunk's full compute time to hide the loads' latency where
 // few blocks walk long chains (one sequence, few heads). MixerPlan.scan_stages chooses.
 struct ScanStage { size_t w, kd, qg, v, p, g, bytes; };
-__host__ __device__ inline ScanStage scan_stage(int C, int K, int gw, int nv) {
+__host__ __device__ inline ScanStage scan_stage(int C, int K, int gw, int nv, int bv) {
     ScanStage t;
     size_t m = scan_align((size_t)C * SCAN_PADK(K) * 2);
     t.w = 0; t.kd = m; t.qg = 2 * m; t.v = 3 * m;
-    t.p = t.v + nv * scan_align((size_t)C * SCAN_PADV * 2);
+    t.p = t.v + nv * scan_align((size_t)C * SCAN_PADV(bv) * 2);
     t.g = t.p + scan_align((size_t)C * (C + 8) * 2);
     t.bytes = t.g + scan_align((size_t)2 * gw * 4); // G_last, then the decay factors made from it
     return t;
 }
-__host__ __device__ inline size_t scan_fixed_bytes(int C, int K) {
-    return scan_align((size_t)K * SCAN_PADF * 4) + scan_align((size_t)C * SCAN_PADF * 4) + scan_align((size_t)K * SCAN_PADV * 2) +
-           scan_align((size_t)C * SCAN_PADV * 2);
+__host__ __device__ inline size_t scan_fixed_bytes(int C, int K, int bv) {
+    return scan_align((size_t)K * SCAN_PADF(bv) * 4) + scan_align((size_t)C * SCAN_PADF(bv) * 4) +
+           scan_align((size_t)K * SCAN_PADV(bv) * 2) + scan_align((size_t)C * SCAN_PADV(bv) * 2);
 }
 // U / dO slices per stage: the backward with one stage keeps two dO slices (the next chunk's copy starts while this
 // chunk's dS update still reads its own)
@@ -2763,22 +2759,22 @@ static const ScanGroups SCAN_SEQ = {1, 1 << 30, SCAN_OUT};
 // here too (the warps that W S leaves idle take Qg S, kept in registers until P V' is added): no batched GEMMs after.
 // NS = 1: two blocks per multiprocessor (the 64-register cap) so that the 512 blocks of the 340m shape run in two
 // waves; NS = 2 (ScanStage): one.
-template <int NS>
+template <int NS, int BV>
 __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, floatX* O, const floatX* W,
                                                                      const floatX* U, const floatX* Kd, const floatX* Qg,
                                                                      const floatX* P, const float* G, const float* S0,
                                                                      float* S_final, ChunkShape s, ScanGroups sg) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
-    int blk = blockIdx.y, bh = blk / sg.G, v0 = blockIdx.x * SCAN_BV, warp = threadIdx.x / 32;
+    int blk = blockIdx.y, bh = blk / sg.G, v0 = blockIdx.x * BV, warp = threadIdx.x / 32;
     int lo = blk % sg.G * sg.M, hi = min(s.NC, lo + sg.M); // this block's chunks
     bool outs = sg.mode & SCAN_OUT, homog = sg.mode & SCAN_HOMOG;
     unsigned char* p = smem_raw;
-    float* S = (float*)p;                    p += scan_align((size_t)K * SCAN_PADF * 4); // K x 36 fp32
-    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF * 4); // C x 36 fp32
-    __nv_bfloat16* Sb = (__nv_bfloat16*)p;   p += scan_align((size_t)K * SCAN_PADV * 2); // K x 40
-    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40
-    const ScanStage lay = scan_stage(C, K, gw, scan_nv(0, NS));
+    float* S = (float*)p;                    p += scan_align((size_t)K * SCAN_PADF(BV) * 4); // K x 36 fp32
+    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF(BV) * 4); // C x 36 fp32
+    __nv_bfloat16* Sb = (__nv_bfloat16*)p;   p += scan_align((size_t)K * SCAN_PADV(BV) * 2); // K x 40
+    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV(BV) * 2); // C x 40
+    const ScanStage lay = scan_stage(C, K, gw, scan_nv(0, NS), BV);
     unsigned char* stages = p;               // NS x lay.bytes: staged W, Kd, Qg (C x kp), U slice (C x 40), P, G_last
     // the staged operands of the chunk in stage buffer b (NS = 1: always 0)
     __nv_bfloat16 *Ws, *Kds, *Us, *Qgs, *Ps;
@@ -2789,11 +2785,11 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         Us = (__nv_bfloat16*)(q + lay.v); Ps = (__nv_bfloat16*)(q + lay.p); Gl = (float*)(q + lay.g);
     };
     int lp = C + 8;
-    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-        int a = e / SCAN_BV, c = e % SCAN_BV;
+    for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
+        int a = e / BV, c = e % BV;
         float x = (sg.mode & SCAN_IDENT) ? (a == v0 + c ? 1.0f : 0.0f) : S0 ? S0[((long)blk * K + a) * V + v0 + c] : 0.0f;
-        S[a * SCAN_PADF + c] = x;
-        Sb[a * SCAN_PADV + c] = __float2bfloat16(x);
+        S[a * SCAN_PADF(BV) + c] = x;
+        Sb[a * SCAN_PADV(BV) + c] = __float2bfloat16(x);
     }
     // half 1 of a chunk: W, Qg; half 2: U, G_last, Kd, P (Qg, U and P only where the outputs or U are needed), into
     // the buffers use_stage set
@@ -2803,7 +2799,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         if (outs) { stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2); }
     };
     auto stage2 = [&](long r) {
-        if (!homog) { stage_async(Us, SCAN_PADV * 2, U + r * V + v0, (long)V * 2, C, SCAN_BV * 2); }
+        if (!homog) { stage_async(Us, SCAN_PADV(BV) * 2, U + r * V + v0, (long)V * 2, C, BV * 2); }
         if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
         stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
         if (outs) { stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); } // chunk q's P starts at q C C = r C
@@ -2823,9 +2819,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
     // row l / 2, columns (l % 2) * 8 .. + 7
     int tr = lane / 2, tc = (lane % 2) * 8;
     __syncthreads(); // Sb is complete
-    for (int e = threadIdx.x; outs && e < K * SCAN_BV / 8; e += blockDim.x) { // hstate of the first chunk
-        int a = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
-        *(uint4*)(hstate + (((long)bh * s.NC + lo) * K + a) * V + v0 + c) = *(const uint4*)(Sb + a * SCAN_PADV + c);
+    for (int e = threadIdx.x; outs && e < K * BV / 8; e += blockDim.x) { // hstate of the first chunk
+        int a = e / (BV / 8), c = e % (BV / 8) * 8;
+        *(uint4*)(hstate + (((long)bh * s.NC + lo) * K + a) * V + v0 + c) = *(const uint4*)(Sb + a * SCAN_PADV(BV) + c);
     }
     for (int ch = lo; ch < hi; ch++) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
@@ -2835,19 +2831,19 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         __pipeline_wait_prior(1); // NS = 1: this chunk's W, Qg; NS = 2: all of this chunk's operands
         __syncthreads();
         // O tile `warp` (if < mt x 2) starts as Qg Sb, in registers; Vt = W Sb on the warps counted from the other end
-        bool own = outs && warp < mt * SCAN_NJ;
-        int oi = warp / SCAN_NJ, oj = warp % SCAN_NJ;
+        bool own = outs && warp < mt * (BV / 16);
+        int oi = warp / (BV / 16), oj = warp % (BV / 16);
         FragC oacc;
         if (own) {
             wmma::fill_fragment(oacc, 0.0f);
-            mma_steps<FragB>(oacc, Qgs + 16 * oi * kp, kp, Sb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, kt);
+            mma_steps<FragB>(oacc, Qgs + 16 * oi * kp, kp, Sb + 16 * oj, 16 * SCAN_PADV(BV), SCAN_PADV(BV), kt);
         }
-        for (int t = SCAN_WARPS_FWD - 1 - warp; t < mt * SCAN_NJ; t += SCAN_WARPS_FWD) {
-            int i = t / SCAN_NJ, j = t % SCAN_NJ;
+        for (int t = SCAN_WARPS_FWD - 1 - warp; t < mt * (BV / 16); t += SCAN_WARPS_FWD) {
+            int i = t / (BV / 16), j = t % (BV / 16);
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
-            mma_steps<FragB>(acc, Ws + 16 * i * kp, kp, Sb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, kt);
-            wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
+            mma_steps<FragB>(acc, Ws + 16 * i * kp, kp, Sb + 16 * j, 16 * SCAN_PADV(BV), SCAN_PADV(BV), kt);
+            wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF(BV) + 16 * j, acc, SCAN_PADF(BV), wmma::mem_row_major);
         }
         if (NS == 1) { __pipeline_wait_prior(0); } // this chunk's U, G_last, Kd and P
         __syncthreads();
@@ -2855,18 +2851,18 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
             if (more) { stage1(r0 + C); } // W and Qg are free
             __pipeline_commit();
         }
-        for (int e = threadIdx.x; e < C * SCAN_BV / 8; e += blockDim.x) { // V' = U - W S, rounded once, 8 columns
-            int i = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
-            uint4 o = vprime8(homog ? make_uint4(0, 0, 0, 0) : *(const uint4*)(Us + i * SCAN_PADV + c), Vt + i * SCAN_PADF + c);
-            *(uint4*)(Vb + i * SCAN_PADV + c) = o;
+        for (int e = threadIdx.x; e < C * BV / 8; e += blockDim.x) { // V' = U - W S, rounded once, 8 columns
+            int i = e / (BV / 8), c = e % (BV / 8) * 8;
+            uint4 o = vprime8(homog ? make_uint4(0, 0, 0, 0) : *(const uint4*)(Us + i * SCAN_PADV(BV) + c), Vt + i * SCAN_PADF(BV) + c);
+            *(uint4*)(Vb + i * SCAN_PADV(BV) + c) = o;
             if (outs) { *(uint4*)(Vn + (r0 + i) * V + v0 + c) = o; }
         }
         for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
         if (gw > 1) { // channel decay: scale the rows of S here (a WMMA fragment does not say which row an element is)
             __syncthreads();
-            for (int e = threadIdx.x; e < K * SCAN_BV / 4; e += blockDim.x) {
-                int a = e / (SCAN_BV / 4), c = e % (SCAN_BV / 4) * 4;
-                float4* sp = (float4*)(S + a * SCAN_PADF + c);
+            for (int e = threadIdx.x; e < K * BV / 4; e += blockDim.x) {
+                int a = e / (BV / 4), c = e % (BV / 4) * 4;
+                float4* sp = (float4*)(S + a * SCAN_PADF(BV) + c);
                 float4 x = *sp, f = make_float4(dec[a], dec[a], dec[a], dec[a]);
                 *sp = make_float4(x.x * f.x, x.y * f.y, x.z * f.z, x.w * f.w);
             }
@@ -2875,26 +2871,26 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         // S = decay S + Kdᵀ V': (K x C)(C x BV), tiles (kt x NJ); the owning warp then rounds its tile into Sb and, if
         // another chunk follows, writes it as that chunk's hstate
         float fs = gw > 1 ? 1.0f : dec[0];
-        for (int t = warp; t < kt * SCAN_NJ; t += SCAN_WARPS_FWD) {
-            int i = t / SCAN_NJ, j = t % SCAN_NJ;
+        for (int t = warp; t < kt * (BV / 16); t += SCAN_WARPS_FWD) {
+            int i = t / (BV / 16), j = t % (BV / 16);
             FragC acc;
-            wmma::load_matrix_sync(acc, S + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
+            wmma::load_matrix_sync(acc, S + 16 * i * SCAN_PADF(BV) + 16 * j, SCAN_PADF(BV), wmma::mem_row_major);
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] *= fs; }
-            mma_steps_t(acc, Kds + 16 * i, kp, Vb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, mt);
-            wmma::store_matrix_sync(S + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
+            mma_steps_t(acc, Kds + 16 * i, kp, Vb + 16 * j, 16 * SCAN_PADV(BV), SCAN_PADV(BV), mt);
+            wmma::store_matrix_sync(S + 16 * i * SCAN_PADF(BV) + 16 * j, acc, SCAN_PADF(BV), wmma::mem_row_major);
             __syncwarp();
             int a = 16 * i + tr, c = 16 * j + tc;
-            uint4 o = round8_bf16(S + a * SCAN_PADF + c);
-            *(uint4*)(Sb + a * SCAN_PADV + c) = o;
+            uint4 o = round8_bf16(S + a * SCAN_PADF(BV) + c);
+            *(uint4*)(Sb + a * SCAN_PADV(BV) + c) = o;
             if (outs && more) { *(uint4*)(hstate + ((q + 1) * K + a) * V + v0 + c) = o; }
         }
         if (own) { // O += P V' (P lower with diagonal: blocks k <= oi), rounded to bf16 through Vt (free until the
                    // next chunk's W S) and stored with 16-byte accesses
-            mma_steps<FragB>(oacc, Ps + 16 * oi * lp, lp, Vb + 16 * oj, 16 * SCAN_PADV, SCAN_PADV, oi + 1);
-            float* ot = Vt + 16 * oi * SCAN_PADF + 16 * oj;
-            wmma::store_matrix_sync(ot, oacc, SCAN_PADF, wmma::mem_row_major);
+            mma_steps<FragB>(oacc, Ps + 16 * oi * lp, lp, Vb + 16 * oj, 16 * SCAN_PADV(BV), SCAN_PADV(BV), oi + 1);
+            float* ot = Vt + 16 * oi * SCAN_PADF(BV) + 16 * oj;
+            wmma::store_matrix_sync(ot, oacc, SCAN_PADF(BV), wmma::mem_row_major);
             __syncwarp();
-            *(uint4*)(O + (r0 + 16 * oi + tr) * V + v0 + 16 * oj + tc) = round8_bf16(ot + tr * SCAN_PADF + tc);
+            *(uint4*)(O + (r0 + 16 * oi + tr) * V + v0 + 16 * oj + tc) = round8_bf16(ot + tr * SCAN_PADF(BV) + tc);
         }
         __syncthreads(); // U, Kd and P are free (NS = 2: the whole buffer)
         if (NS == 1 && more) { stage2(r0 + C); }
@@ -2902,8 +2898,8 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         __pipeline_commit();
     }
     if (S_final) {
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            S_final[((long)blk * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = S[e / SCAN_BV * SCAN_PADF + e % SCAN_BV];
+        for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
+            S_final[((long)blk * K + e / BV) * V + v0 + e % BV] = S[e / BV * SCAN_PADF(BV) + e % BV];
         }
     }
 }
@@ -3047,22 +3043,22 @@ static void state_outputs_wmma(floatX* Vn, floatX* O, const floatX* hstate, cons
 // or the identity with SCAN_IDENT) and leaves the gradient of the state before its first in dS0: per chunk
 // dS <- Aᵀ dS + (Qgᵀ - Wᵀ Pᵀ) dO, the transpose of the forward's step.
 // NS: the stage buffers (ScanStage), as in the forward.
-template <int NS>
+template <int NS, int BV>
 __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_kernel(floatX* dhstate, floatX* dVn, const floatX* P,
                                                                       const floatX* dO, const floatX* W, const floatX* Qg,
                                                                       const floatX* Kd, const float* G, const float* dS_in,
                                                                       float* dS0, ChunkShape s, ScanGroups sg) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
     int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, kp = SCAN_PADK(K);
-    int blk = blockIdx.y, bh = blk / sg.G, v0 = blockIdx.x * SCAN_BV, warp = threadIdx.x / 32;
+    int blk = blockIdx.y, bh = blk / sg.G, v0 = blockIdx.x * BV, warp = threadIdx.x / 32;
     int lo = blk % sg.G * sg.M, hi = min(s.NC, lo + sg.M); // this block's chunks, walked from hi - 1 down to lo
     bool outs = sg.mode & SCAN_OUT, homog = sg.mode & SCAN_HOMOG;
     unsigned char* p = smem_raw;
-    float* dS = (float*)p;                   p += scan_align((size_t)K * SCAN_PADF * 4); // K x 36
-    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF * 4); // C x 36
-    __nv_bfloat16* dSb = (__nv_bfloat16*)p;  p += scan_align((size_t)K * SCAN_PADV * 2); // K x 40
-    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV * 2); // C x 40
-    const ScanStage lay = scan_stage(C, K, gw, scan_nv(1, NS));
+    float* dS = (float*)p;                   p += scan_align((size_t)K * SCAN_PADF(BV) * 4); // K x 36
+    float* Vt = (float*)p;                   p += scan_align((size_t)C * SCAN_PADF(BV) * 4); // C x 36
+    __nv_bfloat16* dSb = (__nv_bfloat16*)p;  p += scan_align((size_t)K * SCAN_PADV(BV) * 2); // K x 40
+    __nv_bfloat16* Vb = (__nv_bfloat16*)p;   p += scan_align((size_t)C * SCAN_PADV(BV) * 2); // C x 40
+    const ScanStage lay = scan_stage(C, K, gw, scan_nv(1, NS), BV);
     unsigned char* stages = p;               // NS x lay.bytes: staged W, Kd, Qg (C x kp), dO slice(s) (C x 40), P, G_last
     __nv_bfloat16 *Ws, *Kds, *Qgs, *Ps, *dOb;
     float* Gl;
@@ -3073,13 +3069,13 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     };
     int lp = C + 8;
     // NS = 1: the dO slice of chunk ch in slice ch % 2 of the one stage; NS = 2: one slice per stage
-    size_t dob = scan_align((size_t)C * SCAN_PADV * 2) / 2; // elements from one dO slice to the next
+    size_t dob = scan_align((size_t)C * SCAN_PADV(BV) * 2) / 2; // elements from one dO slice to the next
     auto dO_slot = [&](int ch) { return NS == 1 ? (ch % 2) * dob : (size_t)0; };
-    for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-        int a = e / SCAN_BV, c = e % SCAN_BV;
+    for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
+        int a = e / BV, c = e % BV;
         float x = (sg.mode & SCAN_IDENT) ? (a == v0 + c ? 1.0f : 0.0f) : dS_in ? dS_in[((long)blk * K + a) * V + v0 + c] : 0.0f;
-        dS[a * SCAN_PADF + c] = x;
-        dSb[a * SCAN_PADV + c] = __float2bfloat16(x);
+        dS[a * SCAN_PADF(BV) + c] = x;
+        dSb[a * SCAN_PADV(BV) + c] = __float2bfloat16(x);
     }
     // half 1 of a chunk: Kd, P, dO, G_last; half 2: Qg, W (P, dO and Qg only where dO is not zero), into the buffers
     // use_stage set
@@ -3087,7 +3083,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
         stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
         if (!homog) {
             stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r C
-            stage_async(dOb + dO_slot(ch), SCAN_PADV * 2, dO + r * V + v0, (long)V * 2, C, SCAN_BV * 2);
+            stage_async(dOb + dO_slot(ch), SCAN_PADV(BV) * 2, dO + r * V + v0, (long)V * 2, C, BV * 2);
         }
         if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
     };
@@ -3110,9 +3106,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     // as in the forward: the warp owning a 16 x 16 tile takes row lane / 2, columns (lane % 2) * 8 .. + 7 of it
     int tr = lane / 2, tc = (lane % 2) * 8;
     __syncthreads(); // dSb is complete
-    for (int e = threadIdx.x; outs && e < K * SCAN_BV / 8; e += blockDim.x) { // dhstate of the last chunk: the start
-        int a = e / (SCAN_BV / 8), c = e % (SCAN_BV / 8) * 8;
-        *(uint4*)(dhstate + (((long)bh * s.NC + hi - 1) * K + a) * V + v0 + c) = *(const uint4*)(dSb + a * SCAN_PADV + c);
+    for (int e = threadIdx.x; outs && e < K * BV / 8; e += blockDim.x) { // dhstate of the last chunk: the start
+        int a = e / (BV / 8), c = e % (BV / 8) * 8;
+        *(uint4*)(dhstate + (((long)bh * s.NC + hi - 1) * K + a) * V + v0 + c) = *(const uint4*)(dSb + a * SCAN_PADV(BV) + c);
     }
     for (int ch = hi - 1; ch >= lo; ch--) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
@@ -3123,19 +3119,19 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
         __pipeline_wait_prior(1); // NS = 1: this chunk's Kd, P, dO, G_last; NS = 2: all of this chunk's operands
         __syncthreads();
         // dV' = Pᵀ dO + Kd dSb: (C x C)(C x BV) + (C x K)(K x BV); the owning warp rounds its tile into Vb and dVn
-        for (int t = warp; t < mt * SCAN_NJ; t += SCAN_WARPS_BWD) {
-            int i = t / SCAN_NJ, j = t % SCAN_NJ;
+        for (int t = warp; t < mt * (BV / 16); t += SCAN_WARPS_BWD) {
+            int i = t / (BV / 16), j = t % (BV / 16);
             FragC acc;
             wmma::fill_fragment(acc, 0.0f);
             if (!homog) { // P lower with diagonal: (Pᵀ)_ik nonzero for k >= i
-                mma_steps_t(acc, Ps + 16 * i * lp + 16 * i, lp, dOs + 16 * i * SCAN_PADV + 16 * j, 16 * SCAN_PADV, SCAN_PADV, mt - i);
+                mma_steps_t(acc, Ps + 16 * i * lp + 16 * i, lp, dOs + 16 * i * SCAN_PADV(BV) + 16 * j, 16 * SCAN_PADV(BV), SCAN_PADV(BV), mt - i);
             }
-            mma_steps<FragB>(acc, Kds + 16 * i * kp, kp, dSb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, kt);
-            wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
+            mma_steps<FragB>(acc, Kds + 16 * i * kp, kp, dSb + 16 * j, 16 * SCAN_PADV(BV), SCAN_PADV(BV), kt);
+            wmma::store_matrix_sync(Vt + 16 * i * SCAN_PADF(BV) + 16 * j, acc, SCAN_PADF(BV), wmma::mem_row_major);
             __syncwarp();
             int row = 16 * i + tr, c = 16 * j + tc;
-            uint4 o = round8_bf16(Vt + row * SCAN_PADF + c);
-            *(uint4*)(Vb + row * SCAN_PADV + c) = o;
+            uint4 o = round8_bf16(Vt + row * SCAN_PADF(BV) + c);
+            *(uint4*)(Vb + row * SCAN_PADV(BV) + c) = o;
             if (outs) { *(uint4*)(dVn + (r0 + row) * V + v0 + c) = o; }
         }
         for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
@@ -3146,9 +3142,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             __pipeline_commit();
         }
         if (gw > 1) { // channel decay: scale the rows of dS here (a WMMA fragment does not say which row an element is)
-            for (int e = threadIdx.x; e < K * SCAN_BV / 4; e += blockDim.x) {
-                int a = e / (SCAN_BV / 4), c = e % (SCAN_BV / 4) * 4;
-                float4* sp = (float4*)(dS + a * SCAN_PADF + c);
+            for (int e = threadIdx.x; e < K * BV / 4; e += blockDim.x) {
+                int a = e / (BV / 4), c = e % (BV / 4) * 4;
+                float4* sp = (float4*)(dS + a * SCAN_PADF(BV) + c);
                 float4 x = *sp;
                 float f = dec[a];
                 *sp = make_float4(x.x * f, x.y * f, x.z * f, x.w * f);
@@ -3158,20 +3154,20 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
         // dS = decay dS + Qgᵀ dO - Wᵀ dV': (K x C)(C x BV); the owning warp rounds its tile into dSb and, if an earlier
         // chunk follows, writes it as that chunk's dhstate
         float fs = gw > 1 ? 1.0f : dec[0];
-        for (int t = warp; t < kt * SCAN_NJ; t += SCAN_WARPS_BWD) {
-            int i = t / SCAN_NJ, j = t % SCAN_NJ;
+        for (int t = warp; t < kt * (BV / 16); t += SCAN_WARPS_BWD) {
+            int i = t / (BV / 16), j = t % (BV / 16);
             FragC acc, neg;
-            wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_PADF + 16 * j, SCAN_PADF, wmma::mem_row_major);
+            wmma::load_matrix_sync(acc, dS + 16 * i * SCAN_PADF(BV) + 16 * j, SCAN_PADF(BV), wmma::mem_row_major);
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] *= fs; }
             wmma::fill_fragment(neg, 0.0f);
-            if (!homog) { mma_steps_t(acc, Qgs + 16 * i, kp, dOs + 16 * j, 16 * SCAN_PADV, SCAN_PADV, mt); }
-            mma_steps_t(neg, Ws + 16 * i, kp, Vb + 16 * j, 16 * SCAN_PADV, SCAN_PADV, mt);
+            if (!homog) { mma_steps_t(acc, Qgs + 16 * i, kp, dOs + 16 * j, 16 * SCAN_PADV(BV), SCAN_PADV(BV), mt); }
+            mma_steps_t(neg, Ws + 16 * i, kp, Vb + 16 * j, 16 * SCAN_PADV(BV), SCAN_PADV(BV), mt);
             for (int e = 0; e < acc.num_elements; e++) { acc.x[e] -= neg.x[e]; }
-            wmma::store_matrix_sync(dS + 16 * i * SCAN_PADF + 16 * j, acc, SCAN_PADF, wmma::mem_row_major);
+            wmma::store_matrix_sync(dS + 16 * i * SCAN_PADF(BV) + 16 * j, acc, SCAN_PADF(BV), wmma::mem_row_major);
             __syncwarp();
             int a = 16 * i + tr, c = 16 * j + tc;
-            uint4 o = round8_bf16(dS + a * SCAN_PADF + c);
-            *(uint4*)(dSb + a * SCAN_PADV + c) = o;
+            uint4 o = round8_bf16(dS + a * SCAN_PADF(BV) + c);
+            *(uint4*)(dSb + a * SCAN_PADV(BV) + c) = o;
             if (outs && more) { *(uint4*)(dhstate + ((q - 1) * K + a) * V + v0 + c) = o; }
         }
         __syncthreads(); // Qg and W are free (NS = 2: the whole buffer)
@@ -3180,8 +3176,8 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
         __pipeline_commit();
     }
     if (dS0) {
-        for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
-            dS0[((long)blk * K + e / SCAN_BV) * V + v0 + e % SCAN_BV] = dS[e / SCAN_BV * SCAN_PADF + e % SCAN_BV];
+        for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
+            dS0[((long)blk * K + e / BV) * V + v0 + e % BV] = dS[e / BV * SCAN_PADF(BV) + e % BV];
         }
     }
 }
@@ -3220,16 +3216,19 @@ __global__ void scan_groups_combine_kernel(float* Xst, float* X_end, const float
     }
 }
 
-// the scans' shared memory with ns stage buffers (ScanStage); smem_scan_wmma: the larger direction's
-static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward, int ns) {
+// the scans' shared memory with ns stage buffers (ScanStage) and bv-column value slices; smem_scan_wmma: the larger
+// direction's
+static size_t smem_scan_wmma_dir(const ChunkShape& s, int backward, int ns, int bv) {
     int gw = s.gk ? s.gk : 1;
-    return scan_fixed_bytes(s.C, s.K) + ns * scan_stage(s.C, s.K, gw, scan_nv(backward, ns)).bytes;
+    return scan_fixed_bytes(s.C, s.K, bv) + ns * scan_stage(s.C, s.K, gw, scan_nv(backward, ns), bv).bytes;
 }
-static size_t smem_scan_wmma(const ChunkShape& s, int ns) { return std::max(smem_scan_wmma_dir(s, 0, ns), smem_scan_wmma_dir(s, 1, ns)); }
+static size_t smem_scan_wmma(const ChunkShape& s, int ns, int bv) {
+    return std::max(smem_scan_wmma_dir(s, 0, ns, bv), smem_scan_wmma_dir(s, 1, ns, bv));
+}
 static int scan_force_simt = 0; // the kernel lab sets it to time and check the fp32 SIMT scans in the bf16 build
 static bool scan_uses_wmma(const ChunkShape& s) {
     return !scan_force_simt && !mma_bad && s.K % 16 == 0 && s.C % 16 == 0 && s.V % SCAN_BV == 0 && (long)s.B * s.H <= 65535 &&
-           smem_scan_wmma(s, 1) + 1024 <= (size_t)smem_optin; // (b, h) is the grid's y
+           smem_scan_wmma(s, 1, 32) + 1024 <= (size_t)smem_optin; // (b, h) is the grid's y; 16-column slices need less
 }
 
 // Channel-decay scores on tensor cores (bf16 build; the fp32 build keeps the exact FMA kernels above, which remain the
@@ -4174,10 +4173,14 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(scores_channel_dkt_tc_kernel, optin);
     allow_dynamic_smem(scores_scalar_tc_kernel, optin);
     allow_dynamic_smem(bwd_scores_scalar_tc_kernel, optin);
-    allow_dynamic_smem(state_forward_wmma_kernel<1>, optin);
-    allow_dynamic_smem(state_forward_wmma_kernel<2>, optin);
-    allow_dynamic_smem(state_backward_wmma_kernel<1>, optin);
-    allow_dynamic_smem(state_backward_wmma_kernel<2>, optin);
+    allow_dynamic_smem(state_forward_wmma_kernel<1, 16>, optin);
+    allow_dynamic_smem(state_forward_wmma_kernel<2, 16>, optin);
+    allow_dynamic_smem(state_forward_wmma_kernel<1, 32>, optin);
+    allow_dynamic_smem(state_forward_wmma_kernel<2, 32>, optin);
+    allow_dynamic_smem(state_backward_wmma_kernel<1, 16>, optin);
+    allow_dynamic_smem(state_backward_wmma_kernel<2, 16>, optin);
+    allow_dynamic_smem(state_backward_wmma_kernel<1, 32>, optin);
+    allow_dynamic_smem(state_backward_wmma_kernel<2, 32>, optin);
     allow_dynamic_smem(scan_groups_combine_kernel, optin);
     allow_dynamic_smem(state_outputs_wmma_kernel<8>, optin);
     allow_dynamic_smem(state_outputs_wmma_kernel<16>, optin);
@@ -4205,6 +4208,7 @@ struct MixerPlan {
     bool scan_wmma;     // tensor-core state scans that also make O (forward) and Pᵀ dO (backward); else SIMT + GEMMs
     int scan_groups;    // chunk groups of the two-level scans (1: the sequential scan; ScanGroups)
     int scan_stages;    // the tensor-core scans' stage buffers (ScanStage): 1, or 2 for few blocks on long chains
+    int scan_bv;        // the tensor-core scans' value columns a block: 32, or 16 for few blocks on long chains
     bool scores_fused;  // scalar / no decay: scores + (I + A)^-1 in one tensor-core kernel, and one for the backward
     bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
     bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
@@ -4217,9 +4221,9 @@ struct MixerPlan {
 #define SCAN_GROUPS_DEFAULT 0
 #ifndef ENABLE_FP32
 static int scan_groups_force = 0;
-static int scan_groups_for(const ChunkShape& s) {
-    int blocks = s.B * s.H * (s.V / SCAN_BV), want = 2 * num_sms, G;
-    if (s.K % SCAN_BV != 0) { return 1; }
+static int scan_groups_for(const ChunkShape& s, int bv) {
+    int blocks = s.B * s.H * (s.V / bv), want = 2 * num_sms, G;
+    if (s.K % bv != 0) { return 1; }
     if (scan_groups_force > 0) { G = std::min(scan_groups_force, s.NC); }
     else if (!(SCAN_GROUPS_DEFAULT || scan_groups_force < 0) || blocks >= want || s.NC < 8) { return 1; }
     else { G = std::min(cdiv(want, blocks), s.NC / 4); }
@@ -4234,21 +4238,37 @@ static int scan_groups_for(const ChunkShape& s) {
 // whatever the rule says, where they fit.
 #define SCAN_STAGES_DEFAULT 1
 static int scan_stages_force = 0;
-static int scan_stages_for(const ChunkShape& s, int groups) {
-    bool fits = smem_scan_wmma(s, 2) + 1024 <= (size_t)smem_optin;
+static int scan_stages_for(const ChunkShape& s, int groups, int bv) {
+    bool fits = smem_scan_wmma(s, 2, bv) + 1024 <= (size_t)smem_optin;
     if (scan_stages_force) { return scan_stages_force == 2 && fits ? 2 : 1; }
-    int blocks = s.B * s.H * (s.V / SCAN_BV) * groups;
+    int blocks = s.B * s.H * (s.V / bv) * groups;
     return SCAN_STAGES_DEFAULT && fits && blocks < 2 * num_sms ? 2 : 1;
+}
+// The value columns of a tensor-core scan block: 16 where even 16-column blocks (B H V / 16) leave each one a
+// multiprocessor of its own (one sequence, few heads: every block walks a long chain, and the narrower slice halves
+// the products on each chunk's step while twice the blocks still run at once), else 32 (more blocks would only queue).
+// The products are the same 16 x 16 tiles either way, so the results are bit for bit the same (dev/cuda/delta_chunk
+// v5). On the H200 (2026-12-04, dev/cuda/delta_chunk at B = 1, H = 8): fwd+bwd 13-15% faster at T = 2048 .. 16384 for
+// dn, pdn, gdn; 8-9% slower at B = 16, T = 2048 (1,024 blocks of 16). scan_bv_force (the lab, PDN_SCAN_BV): 16 or 32.
+static int scan_bv_force = 0;
+static int scan_bv_for(const ChunkShape& s) {
+    if (scan_bv_force == 16 || scan_bv_force == 32) { return scan_bv_force; }
+    return (long)s.B * s.H * (s.V / 16) <= num_sms ? 16 : 32;
 }
 #endif
 static MixerPlan mixer_plan(const ChunkShape& s) {
     MixerPlan p{};
     p.scan_groups = 1;
     p.scan_stages = 1;
+    p.scan_bv = SCAN_BV;
 #ifndef ENABLE_FP32 // the fp32 build runs the exact SIMT / FMA kernels everywhere
     p.outs = outs_plan_for(s.C, s.K, s.V);
     p.scan_wmma = scan_uses_wmma(s) && p.outs.nw > 0;
-    if (p.scan_wmma) { p.scan_groups = scan_groups_for(s); p.scan_stages = scan_stages_for(s, p.scan_groups); }
+    if (p.scan_wmma) {
+        p.scan_bv = scan_bv_for(s);
+        p.scan_groups = scan_groups_for(s, p.scan_bv);
+        p.scan_stages = scan_stages_for(s, p.scan_groups, p.scan_bv);
+    }
     p.scores_fused = scores_scalar_fused(s);
     p.scores_tc = scores_use_tc(s);
 #endif
@@ -4269,6 +4289,7 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
              p.scan_groups > 1 ? ", two-level" : "");
     if (p.scan_groups > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), " in %d chunk groups", p.scan_groups); }
     if (p.scan_stages > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", next chunk staged whole"); }
+    if (p.scan_wmma) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", %d value columns a block", p.scan_bv); }
     if (p.scan_wmma) {
         snprintf(scan + strlen(scan), sizeof scan - strlen(scan), "; V', O made again by %d columns, %d stage%s, %d warps",
                  p.outs.bw, p.outs.ns, p.outs.ns > 1 ? "s" : "", p.outs.nw);
@@ -4280,13 +4301,15 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
 #ifndef ENABLE_FP32
 // The tensor-core scans over all chunks: sequential (ng = 1) or two-level in ng chunk groups (ScanGroups): the groups'
 // B and transitions, their start states, then every group's scan from its start state with the outputs.
-static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0, float* S_final, const ChunkShape& s, int ng,
-                               int ns) {
-    size_t sm = smem_scan_wmma_dir(s, 0, ns);
-    auto scan_kernel = ns == 2 ? state_forward_wmma_kernel<2> : state_forward_wmma_kernel<1>;
+static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0, float* S_final, const ChunkShape& s,
+                               const MixerPlan& p) {
+    int ng = p.scan_groups, ns = p.scan_stages, bv = p.scan_bv;
+    size_t sm = smem_scan_wmma_dir(s, 0, ns, bv);
+    auto scan_kernel = bv == 16 ? (ns == 2 ? state_forward_wmma_kernel<2, 16> : state_forward_wmma_kernel<1, 16>)
+                                : (ns == 2 ? state_forward_wmma_kernel<2, 32> : state_forward_wmma_kernel<1, 32>);
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_FWD, K = s.K, V = s.V;
     if (ng <= 1) {
-        scan_kernel<<<dim3(V / SCAN_BV, BH), nt, sm, main_stream>>>(
+        scan_kernel<<<dim3(V / bv, BH), nt, sm, main_stream>>>(
             sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, S0, S_final, s, SCAN_SEQ);
         cudaCheck(cudaGetLastError());
         return;
@@ -4294,24 +4317,26 @@ static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0
     int M = cdiv(s.NC, ng);
     ChunkShape sk = s;
     sk.V = K; // the transition's scan: a K x K state
-    scan_kernel<<<dim3(V / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(V / bv, BH * ng), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, sc->W, sc->U, sc->Kd, nullptr, nullptr, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
-    scan_kernel<<<dim3(K / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(K / bv, BH * ng), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, sc->W, nullptr, sc->Kd, nullptr, nullptr, sv->G, nullptr, sc->gT, sk,
         ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
     scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
         sc->gS, S_final, sc->gT, sc->gB, S0, ng, K, V, 0);
-    scan_kernel<<<dim3(V / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(V / bv, BH * ng), nt, sm, main_stream>>>(
         sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
     cudaCheck(cudaGetLastError());
 }
-static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const floatX* dO, const ChunkShape& s, int ng,
-                                int ns) {
-    size_t sm = smem_scan_wmma_dir(s, 1, ns);
-    auto scan_kernel = ns == 2 ? state_backward_wmma_kernel<2> : state_backward_wmma_kernel<1>;
+static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const floatX* dO, const ChunkShape& s,
+                                const MixerPlan& p) {
+    int ng = p.scan_groups, ns = p.scan_stages, bv = p.scan_bv;
+    size_t sm = smem_scan_wmma_dir(s, 1, ns, bv);
+    auto scan_kernel = bv == 16 ? (ns == 2 ? state_backward_wmma_kernel<2, 16> : state_backward_wmma_kernel<1, 16>)
+                                : (ns == 2 ? state_backward_wmma_kernel<2, 32> : state_backward_wmma_kernel<1, 32>);
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_BWD, K = s.K, V = s.V;
     if (ng <= 1) {
-        scan_kernel<<<dim3(V / SCAN_BV, BH), nt, sm, main_stream>>>(
+        scan_kernel<<<dim3(V / bv, BH), nt, sm, main_stream>>>(
             sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, nullptr, s, SCAN_SEQ);
         cudaCheck(cudaGetLastError());
         return;
@@ -4319,14 +4344,14 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
     int M = cdiv(s.NC, ng);
     ChunkShape sk = s;
     sk.V = K;
-    scan_kernel<<<dim3(V / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(V / bv, BH * ng), nt, sm, main_stream>>>(
         nullptr, nullptr, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, sc->gB, s, ScanGroups{ng, M, 0});
-    scan_kernel<<<dim3(K / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(K / bv, BH * ng), nt, sm, main_stream>>>(
         nullptr, nullptr, nullptr, nullptr, sc->W, nullptr, sc->Kd, sv->G, nullptr, sc->gT, sk,
         ScanGroups{ng, M, SCAN_HOMOG | SCAN_IDENT});
     scan_groups_combine_kernel<<<dim3(BH, V / SCAN_BV), 256, 2 * K * SCAN_BV * sizeof(float), main_stream>>>(
         sc->gS, nullptr, sc->gT, sc->gB, nullptr, ng, K, V, 1);
-    scan_kernel<<<dim3(V / SCAN_BV, BH * ng), nt, sm, main_stream>>>(
+    scan_kernel<<<dim3(V / bv, BH * ng), nt, sm, main_stream>>>(
         sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, sc->gS, nullptr, s, ScanGroups{ng, M, SCAN_OUT});
     cudaCheck(cudaGetLastError());
 }
@@ -4404,7 +4429,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     {
     PROF("mixer.fwd.scan");
 #ifndef ENABLE_FP32
-    if (o_done) { state_forward_wmma(sv, sc, S0, S_final, s, p.scan_groups, p.scan_stages); } else
+    if (o_done) { state_forward_wmma(sv, sc, S0, S_final, s, p); } else
 #endif
     state_forward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_fwd(s), main_stream>>>(
         sv->hstate, sv->Vn, sc->W, sc->U, sc->Kd, sv->G, S0, S_final, s);
@@ -4439,7 +4464,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     PROF("mixer.bwd.scan");
     if (side) { side_begin(); } // the second stream's work may run from here, beside the scan (pdn_backward)
 #ifndef ENABLE_FP32
-    if (wmma_scan) { state_backward_wmma(sc, sv, dO, s, p.scan_groups, p.scan_stages); } else
+    if (wmma_scan) { state_backward_wmma(sc, sv, dO, s, p); } else
 #endif
     state_backward_kernel<<<dim3(s.B * s.H, cdiv(V, SCAN_BV)), 256, smem_state_bwd(s), main_stream>>>(
         sc->dhstate, sc->dVn, sc->dVloc, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, s);
@@ -6619,6 +6644,7 @@ int main(int argc, char** argv) {
 #ifndef ENABLE_FP32
     // a kernel-plan experiment without a rebuild: PDN_SCAN_STAGES=1|2 forces the scans' stage buffers (MixerPlan)
     if (getenv("PDN_SCAN_STAGES")) { scan_stages_force = atoi(getenv("PDN_SCAN_STAGES")); }
+    if (getenv("PDN_SCAN_BV")) { scan_bv_force = atoi(getenv("PDN_SCAN_BV")); } // 16 | 32: the scans' value columns
 #endif
     // likewise PDN_BWD_SIDE=0|1: the backward's second stream off or on whatever bwd_side_for says
     if (getenv("PDN_BWD_SIDE")) { bwd_side_force = atoi(getenv("PDN_BWD_SIDE")) != 0; }
