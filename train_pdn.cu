@@ -357,8 +357,8 @@ static void matmul_backward(void* dinp, int mode, float* dw, const floatX* dout,
 
 // The backward's second stream. The weight gradients of a layer's MLP and output projection need only what the
 // layer's backward has made before the mixer's, so they can run beside the mixer's backward scan, which leaves most
-// multiprocessors idle where few (b, h, 32 value columns) blocks walk long chains (1 x 32768: 32 blocks on 132 SMs,
-// ~2 ms a layer). They are queued after the mixer's backward and wait for side_begin, which the mixer's backward calls
+// multiprocessors idle where few (b, h, value-slice) blocks walk long chains (1 x 32768: 64 blocks of 16 columns on
+// 132 SMs, ~2 ms a layer). The rule counts 32-column slices: on where B H V / 32 < the multiprocessors. They are queued after the mixer's backward and wait for side_begin, which the mixer's backward calls
 // just before the scan, so they become ready with it: queued before the mixer's backward (the first version), they
 // ran beside its full-device kernels and had finished before the scan started (+1% at 1 x 32768). side_stream has the
 // lowest priority and main_stream the highest (gpu_setup), so the scan's blocks, and main's after it, are scheduled
