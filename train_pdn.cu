@@ -358,8 +358,9 @@ static void matmul_backward(void* dinp, int mode, float* dw, const floatX* dout,
 // The backward's second stream. The weight gradients of a layer's MLP and output projection need only what the
 // layer's backward has made before the mixer's, so they can run beside the mixer's backward scan, which leaves most
 // multiprocessors idle where few (b, h, value-slice) blocks walk long chains (1 x 32768: 64 blocks of 16 columns on
-// 132 SMs, ~2 ms a layer). The rule counts 32-column slices: on where B H V / 32 < the multiprocessors. They are queued after the mixer's backward and wait for side_begin, which the mixer's backward calls
-// just before the scan, so they become ready with it: queued before the mixer's backward (the first version), they
+// 132 SMs, ~2 ms a layer). The rule counts 32-column slices: on where B H V / 32 < the multiprocessors. They are
+// queued after the mixer's backward and wait for side_begin, which the mixer's backward calls just before the scan,
+// so they become ready with it: queued before the mixer's backward (the first version), they
 // ran beside its full-device kernels and had finished before the scan started (+1% at 1 x 32768). side_stream has the
 // lowest priority and main_stream the highest (gpu_setup), so the scan's blocks, and main's after it, are scheduled
 // first. side_begin: side_stream waits for what main_stream has queued; side_join: main_stream waits for side_stream's
@@ -2543,8 +2544,8 @@ struct OutsPlan { int bw, ns, nw; };
 #ifndef ENABLE_FP32
 // The same two scans on tensor cores (bf16 mma.sync m16n8k16 through mma_steps below, fp32 accumulation), for K and C
 // multiples of 16 and V of SCAN_BV. One block per (b, h, BV value columns: 16 or 32, MixerPlan.scan_bv) on the grid
-// (value slices, b h): a head's slices are neighbouring blocks, resident at the same time, so each chunk's W, Kd, Qg (the same for every slice)
-// can come from the L2 after the first slice's read (on the H200 the order made no measurable difference, 2026-12-03).
+// (value slices, b h): a head's slices are neighbouring blocks, resident at the same time, so each chunk's W, Kd, Qg
+// (the same for every slice) can come from the L2 after the first slice's read (on the H200 the order made no measurable difference, 2026-12-03).
 // The state S stays fp32 in shared memory; its bf16 copy Sb is the MMA operand (and what hstate stores), as in the
 // fp32 scan's use of the stored V'. The chunk's operands are staged in shared memory (below).
 using namespace nvcuda;
@@ -4289,10 +4290,10 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
              p.scan_groups > 1 ? ", two-level" : "");
     if (p.scan_groups > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), " in %d chunk groups", p.scan_groups); }
     if (p.scan_stages > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", next chunk staged whole"); }
-    if (p.scan_wmma) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", %d value columns a block", p.scan_bv); }
     if (p.scan_wmma) {
-        snprintf(scan + strlen(scan), sizeof scan - strlen(scan), "; V', O made again by %d columns, %d stage%s, %d warps",
-                 p.outs.bw, p.outs.ns, p.outs.ns > 1 ? "s" : "", p.outs.nw);
+        snprintf(scan + strlen(scan), sizeof scan - strlen(scan),
+                 ", %d value columns a block; V', O made again by %d columns, %d stage%s, %d warps", p.scan_bv, p.outs.bw,
+                 p.outs.ns, p.outs.ns > 1 ? "s" : "", p.outs.nw);
     }
     printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, pad, s.C, scan, scores,
            p.finish_rows ? "a warp per row" : "a block per chunk");
