@@ -2819,6 +2819,10 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
     // element-wise work goes by 8 consecutive columns (16-byte accesses): lane l of a warp owning a 16 x 16 tile takes
     // row l / 2, columns (l % 2) * 8 .. + 7
     int tr = lane / 2, tc = (lane % 2) * 8;
+    // the warps owning O tiles: where the state's tiles, O's and W Sb's together fit the warps (16 value columns),
+    // those after the state's, so that P V' runs beside the state update instead of after it on the same warps;
+    // otherwise from warp 0. The products and their order are the same either way.
+    int ob = (kt + 2 * mt) * (BV / 16) <= SCAN_WARPS_FWD ? kt * (BV / 16) : 0;
     __syncthreads(); // Sb is complete
     for (int e = threadIdx.x; outs && e < K * BV / 8; e += blockDim.x) { // hstate of the first chunk
         int a = e / (BV / 8), c = e % (BV / 8) * 8;
@@ -2831,9 +2835,9 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         float* dec = Gl + gw; // the chunk's decay factor (one, or one per state row; 1 for no decay)
         __pipeline_wait_prior(1); // NS = 1: this chunk's W, Qg; NS = 2: all of this chunk's operands
         __syncthreads();
-        // O tile `warp` (if < mt x 2) starts as Qg Sb, in registers; Vt = W Sb on the warps counted from the other end
-        bool own = outs && warp < mt * (BV / 16);
-        int oi = warp / (BV / 16), oj = warp % (BV / 16);
+        // O tile `warp - ob` starts as Qg Sb, in registers; Vt = W Sb on the warps counted from the other end
+        bool own = outs && warp >= ob && warp - ob < mt * (BV / 16);
+        int oi = (warp - ob) / (BV / 16), oj = (warp - ob) % (BV / 16);
         FragC oacc;
         if (own) {
             wmma::fill_fragment(oacc, 0.0f);

@@ -33,6 +33,13 @@ Versions (everything else is the trainer's code):
       bit (checked when both run). On the H200 (2026-12-04): fwd+bwd 13-15% faster at B = 1, H = 8 for T = 2048 ..
       16384, 8-9% slower at B = 16, T = 2048: the trainer takes 16 columns only where the 16-column blocks (B H V / 16)
       are no more than the multiprocessors. v2 .. v4 force 32 columns.
+  v6  v5 with two stage buffers: what the trainer runs where B H V / 16 blocks are fewer than the multiprocessors
+      (one sequence, few heads: v5 and v4 together; until 2026-12-04 no version here ran it). Its outputs must equal
+      v2's bit for bit (checked when both run). Since 2026-12-04 a 16-column forward block puts its O tiles on warps
+      the state update leaves idle (train_pdn.cu `ob`), so P V' runs beside the update instead of after it: on the
+      H200 the forward at B = 1, H = 8, T = 16384 -1 .. 3% (dn 1.01 -> 0.98 ms, pkda 1.57 -> 1.54), fwd+bwd < 1%.
+      The same move in the backward (dS's decay and Qgᵀ dO made by the warps dV' leaves idle) changed nothing
+      measurable (dn bwd 1.68 vs 1.69 ms) and was not kept.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
@@ -79,11 +86,11 @@ Exit code: 0 if every check passed, 1 if any failed.
 #define NVERSIONS 1
 static const double TOL = 1e-4;
 #else
-#define NVERSIONS 5
+#define NVERSIONS 6
 static const double TOL = 2e-2;
 #endif
-static const char* VERSION_NAME[6] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
-                                      "v5 16-column scans"};
+static const char* VERSION_NAME[7] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
+                                      "v5 16-column scans", "v6 16 col, staged"};
 #ifndef ENABLE_FP32
 static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of 2 chunks, timing the trainer's rule (-1)
 #endif
@@ -109,13 +116,14 @@ static bool select_version(int v, const ChunkShape& s) {
     scan_force_simt = v == 1; // v1: the SIMT scans and unfused scores, v2: the tensor-core ones, v3: v2 in chunk groups,
     scores_force_fma = v == 1; // v4: v2 with two stage buffers, v5: v2 with 16-column scan blocks
     scan_groups_force = v == 3 ? lab_groups : 0;
-    scan_stages_force = v == 4 ? 2 : 1;
-    scan_bv_force = v == 5 ? 16 : 32;
+    scan_stages_force = v == 4 || v == 6 ? 2 : 1;
+    scan_bv_force = v == 5 || v == 6 ? 16 : 32;
     MixerPlan p = mixer_plan(s);
     bool w = p.scan_wmma && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
     if (v == 3) { return w && p.scan_groups > 1; }
     if (v == 4) { return w && p.scan_groups == 1 && p.scan_stages == 2; }
     if (v == 5) { return w && p.scan_groups == 1 && p.scan_bv == 16; }
+    if (v == 6) { return w && p.scan_groups == 1 && p.scan_bv == 16 && p.scan_stages == 2; }
     return v == 1 ? !w : (w && p.scan_groups == 1);
 #endif
 }
@@ -349,7 +357,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
     cudaCheck(cudaMemcpy(d.beta, h.beta.data(), rows * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d.g, h.g.data(), h.g.size() * sizeof(float), cudaMemcpyHostToDevice));
     const floatX* kt = two_keys ? d.kt : d.k;
-    std::vector<float> out_v2; // v2's outputs, for v4's and v5's bit-for-bit checks
+    std::vector<float> out_v2; // v2's outputs, for v4's, v5's and v6's bit-for-bit checks
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
         char tag[96];
@@ -359,7 +367,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
             continue;
         }
 #ifndef ENABLE_FP32
-        if (v == 4 && smem_scan_wmma(s, 2, 32) + 1024 > (size_t)smem_optin) { // by design: the plan then keeps one stage
+        if ((v == 4 || v == 6) && smem_scan_wmma(s, 2, v == 6 ? 16 : 32) + 1024 > (size_t)smem_optin) { // by design: the plan then keeps one stage
             printf("skip %s: %s: two stage buffers do not fit at K = %d\n", tag, VERSION_NAME[v], K);
             continue;
         }
@@ -407,7 +415,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
         cmp("dv", d.dv, V, r.dv, TOL);
         cmp("dbeta", d.dbeta, 1, r.dbeta, TOL);
         if (gk) { cmp("dg", d.dg, h.gw, r.dg, TOL); }
-        if (v == 2 || v == 4 || v == 5) { // every output, as stored (o floatX, the gradients fp32)
+        if (v == 2 || v >= 4) { // every output, as stored (o floatX, the gradients fp32)
             std::vector<float> all = lab_download_x(d.sv.O, rows * V);
             auto add = [&](const float* dev, size_t n) { std::vector<float> x = lab_download(dev, n); all.insert(all.end(), x.begin(), x.end()); };
             add(d.dq, rows * K); add(d.dk, rows * K); add(d.dv, rows * V); add(d.dbeta, rows);
