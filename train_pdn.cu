@@ -6284,17 +6284,17 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                          g.dh, g.dresid_x);
         dist_grads_ready(m, L - l); // layer l's gradients are final
     }
-    // embedding: group positions by token on the host (positions in increasing order), sum on the device
+    // embedding: group positions by token on the host (a counting sort: positions stay in increasing order within
+    // a token, O(N + vocab); std::stable_sort took ~2 ms a step at 32K tokens), sum on the device
     PROF("bwd.embed");
-    std::vector<int> order((size_t)N), tok, start, pos((size_t)N);
-    for (long n = 0; n < N; n++) { order[(size_t)n] = (int)n; }
-    std::stable_sort(order.begin(), order.end(), [&](int p, int q) { return host_tokens[p] < host_tokens[q]; });
-    for (long i = 0; i < N; i++) {
-        int tk = host_tokens[order[(size_t)i]];
-        if (i == 0 || tk != host_tokens[order[(size_t)i - 1]]) { tok.push_back(tk); start.push_back((int)i); }
-        pos[(size_t)i] = order[(size_t)i];
+    std::vector<int> count((size_t)c->vocab_size + 1, 0), tok, start, pos((size_t)N);
+    for (long n = 0; n < N; n++) { count[(size_t)host_tokens[n] + 1]++; }
+    for (int v = 0; v < c->vocab_size; v++) {
+        if (count[(size_t)v + 1] > 0) { tok.push_back(v); start.push_back(count[(size_t)v]); }
+        count[(size_t)v + 1] += count[(size_t)v]; // count[v]: where token v's positions begin
     }
     start.push_back((int)N);
+    for (long n = 0; n < N; n++) { pos[(size_t)count[(size_t)host_tokens[n]]++] = (int)n; }
     cudaCheck(cudaMemcpyAsync(g.bucket_tok, tok.data(), tok.size() * sizeof(int), cudaMemcpyHostToDevice, main_stream));
     cudaCheck(cudaMemcpyAsync(g.bucket_start, start.data(), start.size() * sizeof(int), cudaMemcpyHostToDevice, main_stream));
     cudaCheck(cudaMemcpyAsync(g.bucket_pos, pos.data(), pos.size() * sizeof(int), cudaMemcpyHostToDevice, main_stream));

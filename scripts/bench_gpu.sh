@@ -21,11 +21,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}
 make -s train_pdncu || exit 1
-# one llm.c-format shard (uint16 tokens: magic 20240520, version 1, count) of 2^21 uniform tokens in [0, 32000)
 data=$(mktemp -d /tmp/pdn_bench_XXXXXX)
 trap 'rm -rf "$data"' EXIT
-perl -e 'my $n = 1 << 21; srand(1); print pack("l<3", 20240520, 1, $n), "\0" x 1012;
-         print pack("S<*", map { int(rand(32000)) } 1 .. $n)' > "$data/rand_train_000.bin" || exit 1
+scripts/random_shard.sh "$data/rand_train_000.bin" || exit 1
 lm=(-i "$data/rand_train_*.bin")
 rows=()
 # row LABEL BINARY ARGS...: one run, one table row

@@ -16,18 +16,6 @@
 # 2 heads of 32, bf16 and fp32), so the first model pays for most of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-FLA_DIR=${FLA_DIR:-.fla}
-PYTHON=${PYTHON:-python3}
-if [ ! -f "$FLA_DIR/fla/__init__.py" ]; then
-    echo "error: no fla source tree at '$FLA_DIR' (expected $FLA_DIR/fla/__init__.py)" >&2
-    echo "  hint: copy fla-org/flash-linear-attention's fla/ directory there, or set FLA_DIR" >&2
-    exit 1
-fi
-FLA_ABS=$(cd "$FLA_DIR" && pwd)
-export PYTHONPATH="$FLA_ABS${PYTHONPATH:+:$PYTHONPATH}"
-"$PYTHON" -c 'import torch, transformers, safetensors, einops, triton' || {
-    echo "error: $PYTHON lacks one of torch, transformers, safetensors, einops, triton (see the message above)" >&2
-    exit 1
-}
+. scripts/fla_env.sh "torch, transformers, safetensors, einops, triton"
 make -s train_pdn train_pdncu train_pdncu_fp32 dev/data/train_bpe dev/data/prepare_shards
 exec "$PYTHON" scripts/check_fla_export.py "$@"
