@@ -123,16 +123,96 @@ static void randomize_params(Model* m) {
     }
 }
 
-#ifdef PDN_DOUBLE
-// ====================================================================================================
-// fp64 tests
-
 static void make_batch(int B, int T, int vocab, int* x, int* y) {
     for (int i = 0; i < B * T; i++) {
         x[i] = (int)rng_below(&trng, vocab);
         y[i] = urand() < 0.2 ? -1 : (int)rng_below(&trng, vocab); // some positions without a target
     }
 }
+
+// packed documents: doc (B, T) from the window positions b*T + t (t > 0) where a document begins, the list ending
+// in -1: every token gets its document's start (train_pdn.c's doc_boundary)
+static void docs_from_starts(int* doc, int B, int T, const int* starts) {
+    for (int b = 0; b < B; b++) {
+        int cur = 0;
+        for (int t = 0; t < T; t++) {
+            for (int i = 0; starts[i] >= 0; i++) { if (starts[i] == b * T + t) { cur = t; } }
+            doc[b * T + t] = cur;
+        }
+    }
+}
+// the fixtures, for chunks of 4: B = 2, T = 11 (chunks 0-3, 4-7, 8-10): row 0 has documents starting at 4 (a chunk's
+// first row), 7 (a chunk's last row), 9 and 10 (two in the partial chunk, the last at its last row, one-token
+// documents); row 1 at 1, 2, 3 (three in the first chunk) and 8 (the last chunk's first row).
+static const int DOC_STARTS_11[] = {4, 7, 9, 10, 12, 13, 14, 19, -1};
+
+// A window holding documents must give exactly what each document gives as a sequence of its own (the definition of
+// --doc-mask 1): the logits at every position, and the gradients as the documents' gradients added with the weights
+// of the window's mean (each document's mean loss over its n_d targets, times n_d / n). The pieces start at t = 0 of
+// their own chunk grid, the window's documents anywhere in theirs, so the sums run in other orders: fp64 agrees to
+// 1e-12 of each tensor's scale (rounding ~1e-16 times a few hundred terms), fp32 to 2e-5 (as chunk vs token).
+static void doc_pieces_match(const char* name, PdnConfig c, int chunk_form) {
+#ifdef PDN_DOUBLE
+    const double tol = 1e-12;
+#else
+    const double tol = 2e-5;
+#endif
+    Model m;
+    model_init(&m, &c, 4, chunk_form);
+    randomize_params(&m);
+    int B = 2, T = 11, x[22], y[22], doc[22], pieces = 0;
+    size_t V = (size_t)c.vocab_size, P = m.lay.num_elems;
+    make_batch(B, T, c.vocab_size, x, y);
+    docs_from_starts(doc, B, T, DOC_STARTS_11);
+    Acts a = acts_alloc(&m, B, T, 1);
+    a.doc = doc;
+    pdn_forward(&m, &a, x, NULL);
+    real* logits = mallocCheck((size_t)B * T * V * sizeof(real));
+    memcpy(logits, a.logits, (size_t)B * T * V * sizeof(real));
+    memset(m.grads, 0, P * sizeof(real));
+    double loss = pdn_forward_backward(&m, &a, x, y, 1, NULL);
+    real* gwin = mallocCheck(P * sizeof(real));
+    real* gsum = callocCheck(P, sizeof(real));
+    memcpy(gwin, m.grads, P * sizeof(real));
+    long n = 0;
+    for (int i = 0; i < B * T; i++) { n += y[i] >= 0; }
+    double lsum = 0, elog = 0;
+    for (int b = 0; b < B; b++) {
+        for (int s = 0; s < T; ) {
+            int e = s + 1;
+            while (e < T && doc[b * T + e] == s) { e++; }
+            const int *xp = x + b * T + s, *yp = y + b * T + s;
+            long nd = 0;
+            for (int i = 0; i < e - s; i++) { nd += yp[i] >= 0; }
+            Acts ap = acts_alloc(&m, 1, e - s, 1);
+            pdn_forward(&m, &ap, xp, NULL);
+            elog = fmax(elog, rel_err(ap.logits, logits + (size_t)(b * T + s) * V, (size_t)(e - s) * V));
+            memset(m.grads, 0, P * sizeof(real));
+            double ld = pdn_forward_backward(&m, &ap, xp, yp, 1, NULL);
+            for (size_t i = 0; i < P; i++) { gsum[i] += m.grads[i] * R((double)nd / n); }
+            lsum += ld * nd / n;
+            acts_free(&ap);
+            pieces++;
+            s = e;
+        }
+    }
+    double eg = rel_err(gsum, gwin, P);
+    CHECK(elog < tol, "%s (%s form): the window's logits vs its documents' run alone, rel err %.2e", name,
+          chunk_form ? "chunk" : "token", elog);
+    CHECK(eg < tol, "%s (%s form): the window's gradients vs its documents' run alone, rel err %.2e", name,
+          chunk_form ? "chunk" : "token", eg);
+    CHECK(fabs(loss - lsum) <= tol * fabs(lsum), "%s: the window's loss %.15g vs its documents' %.15g", name, loss, lsum);
+    printf("  %-12s %s form: a window of %d documents = the documents alone (logits %.1e, gradients %.1e)\n", name,
+           chunk_form ? "chunk" : "token", pieces, elog, eg);
+    free(logits); free(gwin); free(gsum); acts_free(&a); model_free(&m);
+}
+
+#ifdef PDN_DOUBLE
+// ====================================================================================================
+// fp64 tests
+
+// packed documents for the preconditioners alone (B = 2, T = 9): row 0 starts documents at 3 and 4, row 1 at 1 and 8
+static const int DOC_STARTS_9[] = {3, 4, 10, 17, -1};
 
 static double model_loss(Model* m, Acts* a, const int* x, const int* y) {
     pdn_forward(m, a, x, NULL);
@@ -160,14 +240,16 @@ static double fd_derivative(Model* m, Acts* a, const int* x, const int* y, real*
     return (4 * d[1] - d[0]) / 3;
 }
 
-static void gradcheck_model(const char* name, PdnConfig c, int chunk_form) {
+// docs: with the packed documents of DOC_STARTS_11 (--doc-mask 1)
+static void gradcheck_model_docs(const char* name, PdnConfig c, int chunk_form, int docs) {
     Model m;
     model_init(&m, &c, 4, chunk_form);
     randomize_params(&m);
     int B = 2, T = 11; // 11 = 2 chunks of 4 + a partial chunk
-    int x[22], y[22];
+    int x[22], y[22], doc[22];
     make_batch(B, T, c.vocab_size, x, y);
     Acts a = acts_alloc(&m, B, T, 1);
+    if (docs) { docs_from_starts(doc, B, T, DOC_STARTS_11); a.doc = doc; }
     memset(m.grads, 0, m.lay.num_elems * sizeof(real));
     pdn_forward_backward(&m, &a, x, y, 1, NULL);
     real* u = (real*)callocCheck(m.lay.num_elems, sizeof(real));
@@ -198,25 +280,28 @@ static void gradcheck_model(const char* name, PdnConfig c, int chunk_form) {
             CHECK(fabs(fd - g) <= 1e-6 * fabs(g) + 1e-8, "%s %s[%zu]: analytic %.12g vs numeric %.12g", name, t->name, j, g, fd);
         }
     }
-    printf("  grad check %-12s (%s form): %d tensors, worst directional rel error %.1e\n", name,
-           chunk_form ? "chunk" : "token", tensors, worst);
+    printf("  grad check %-12s (%s form%s): %d tensors, worst directional rel error %.1e\n", name,
+           chunk_form ? "chunk" : "token", docs ? ", packed documents" : "", tensors, worst);
     free(u);
     acts_free(&a);
     model_free(&m);
 }
+
+static void gradcheck_model(const char* name, PdnConfig c, int chunk_form) { gradcheck_model_docs(name, c, chunk_form, 0); }
 
 // the mixer core alone: loss = Σ o ⊙ Wo + Σ S_final ⊙ Ws, gradients of every input incl. the initial state.
 // Plain central differences, h = 1e-6: truncation ~h² = 1e-12 of the third derivative, rounding ~1e-16 |L| / h
 // ~ 1e-9; we require |fd - an| <= 1e-6 |an| + 1e-7 for every element.
 typedef struct { real *q, *k, *kt, *v, *beta, *g, *S0; } CoreInputs;
 
-static double core_loss(const CoreInputs* in, const real* Wo, const real* Ws, int B, int T, int H, int K, int V, int gk, int C, int form) {
+static double core_loss(const CoreInputs* in, const real* Wo, const real* Ws, const int* doc, int B, int T, int H, int K,
+                        int V, int gk, int C, int form) {
     int NC = (T + C - 1) / C;
     size_t N = (size_t)B * T;
     real* o = (real*)mallocCheck(N * H * V * sizeof(real));
     real* st = (real*)mallocCheck((size_t)B * H * (NC + 1) * K * V * sizeof(real));
     real* Sf = (real*)mallocCheck((size_t)B * H * K * V * sizeof(real));
-    delta_forward(o, st, in->q, in->k, in->kt, in->v, in->beta, in->g, in->S0, Sf, B, T, H, K, V, gk, C, form);
+    delta_forward(o, st, in->q, in->k, in->kt, in->v, in->beta, in->g, in->S0, Sf, doc, B, T, H, K, V, gk, C, form);
     double l = 0;
     for (size_t i = 0; i < N * H * V; i++) { l += o[i] * Wo[i]; }
     for (size_t i = 0; i < (size_t)B * H * K * V; i++) { l += Sf[i] * Ws[i]; }
@@ -224,8 +309,11 @@ static double core_loss(const CoreInputs* in, const real* Wo, const real* Ws, in
     return l;
 }
 
-static void gradcheck_core(int gk_kind, int form) {
-    int B = 2, T = 11, H = 2, K = 3, V = 5, C = 4, NC = (T + C - 1) / C;
+// docs: with the packed documents of DOC_STARTS_11
+static void gradcheck_core(int gk_kind, int form, int docs) {
+    int B = 2, T = 11, H = 2, K = 3, V = 5, C = 4, NC = (T + C - 1) / C, dv[22];
+    if (docs) { docs_from_starts(dv, B, T, DOC_STARTS_11); }
+    const int* doc = docs ? dv : NULL;
     int gk = gk_kind == 0 ? 0 : gk_kind == 1 ? 1 : K;
     size_t N = (size_t)B * T, nS = (size_t)B * H * K * V;
     CoreInputs in;
@@ -244,9 +332,9 @@ static void gradcheck_core(int gk_kind, int form) {
     for (int i = 0; i < 7; i++) { grads[i] = (real*)callocCheck(sizes[i], sizeof(real)); }
     real* st = (real*)mallocCheck((size_t)B * H * (NC + 1) * K * V * sizeof(real));
     real* o = (real*)mallocCheck(N * H * V * sizeof(real));
-    delta_forward(o, st, in.q, in.k, in.kt, in.v, in.beta, in.g, in.S0, NULL, B, T, H, K, V, gk, C, form);
+    delta_forward(o, st, in.q, in.k, in.kt, in.v, in.beta, in.g, in.S0, NULL, doc, B, T, H, K, V, gk, C, form);
     delta_backward(grads[0], grads[1], grads[2], grads[3], grads[4], gk ? grads[5] : NULL, grads[6], Wo, Ws,
-                   in.q, in.k, in.kt, in.v, in.beta, in.g, st, B, T, H, K, V, gk, C, form);
+                   in.q, in.k, in.kt, in.v, in.beta, in.g, st, doc, B, T, H, K, V, gk, C, form);
     double h = 1e-6, worst = 0;
     for (int i = 0; i < 7; i++) {
         if (i == 5 && !gk) { continue; }
@@ -254,8 +342,8 @@ static void gradcheck_core(int gk_kind, int form) {
         double gmax = 0, emax = 0;
         for (size_t j = 0; j < sizes[i]; j++) {
             real save = x[j];
-            x[j] = save + h; double lp = core_loss(&in, Wo, Ws, B, T, H, K, V, gk, C, form);
-            x[j] = save - h; double lm = core_loss(&in, Wo, Ws, B, T, H, K, V, gk, C, form);
+            x[j] = save + h; double lp = core_loss(&in, Wo, Ws, doc, B, T, H, K, V, gk, C, form);
+            x[j] = save - h; double lm = core_loss(&in, Wo, Ws, doc, B, T, H, K, V, gk, C, form);
             x[j] = save;
             double fd = (lp - lm) / (2 * h), an = grads[i][j];
             gmax = fmax(gmax, fabs(an));
@@ -265,27 +353,31 @@ static void gradcheck_core(int gk_kind, int form) {
         }
         worst = fmax(worst, emax / gmax);
     }
-    printf("  mixer core %s decay, %s form: every element of q k kt v beta%s S0, worst error %.1e of the gradient's scale\n",
-           gk_kind == 0 ? "no" : gk_kind == 1 ? "scalar" : "channel", form ? "chunk" : "token", gk ? " g" : "", worst);
+    printf("  mixer core %s decay, %s form%s: every element of q k kt v beta%s S0, worst error %.1e of the gradient's "
+           "scale\n", gk_kind == 0 ? "no" : gk_kind == 1 ? "scalar" : "channel", form ? "chunk" : "token",
+           docs ? ", 8 document boundaries" : "", gk ? " g" : "", worst);
     for (int i = 0; i < 7; i++) { if (*ptr[i]) { free(*ptr[i]); } free(grads[i]); }
     free(Wo); free(Ws); free(st); free(o);
 }
 
 // preconditioners alone: loss = Σ k̃ ⊙ W
 static double diag_loss(const real* k, const real* gp, const real* bp, const real* las, const real* a0, const real* W,
-                        int B, int T, int H, int K) {
+                        const int* doc, int B, int T, int H, int K) {
     size_t n = (size_t)B * T * H * K;
     real* kt = (real*)mallocCheck(n * sizeof(real));
     real* as = (real*)mallocCheck(n * sizeof(real));
-    precond_diag_forward(kt, as, k, gp, bp, las, a0, NULL, B, T, H, K, R(1.5), R(1e-6));
+    precond_diag_forward(kt, as, k, gp, bp, las, a0, NULL, doc, B, T, H, K, R(1.5), R(1e-6));
     double l = 0;
     for (size_t i = 0; i < n; i++) { l += kt[i] * W[i]; }
     free(kt); free(as);
     return l;
 }
 
-static void gradcheck_precond(void) {
-    int B = 2, T = 9, H = 2, K = 3;
+// docs: with the packed documents of DOC_STARTS_9
+static void gradcheck_precond(int docs) {
+    int B = 2, T = 9, H = 2, K = 3, dv[18];
+    if (docs) { docs_from_starts(dv, B, T, DOC_STARTS_9); }
+    const int* doc = docs ? dv : NULL;
     size_t n = (size_t)B * T * H * K, nh = (size_t)B * T * H;
     real *k = mallocCheck(n * sizeof(real)), *W = mallocCheck(n * sizeof(real)), *gp = mallocCheck(nh * sizeof(real));
     real *bp = mallocCheck(nh * sizeof(real)), las[2] = {R(-0.2), R(0.3)}, *a0 = mallocCheck((size_t)B * H * K * sizeof(real));
@@ -297,8 +389,8 @@ static void gradcheck_precond(void) {
     real dlas[2] = {0, 0};
     real* kt = mallocCheck(n * sizeof(real));
     real* as = mallocCheck(n * sizeof(real));
-    precond_diag_forward(kt, as, k, gp, bp, las, a0, NULL, B, T, H, K, R(1.5), R(1e-6));
-    precond_diag_backward(dk, dgp, dbp, dlas, W, k, gp, bp, as, las, a0, B, T, H, K, R(1.5), R(1e-6));
+    precond_diag_forward(kt, as, k, gp, bp, las, a0, NULL, doc, B, T, H, K, R(1.5), R(1e-6));
+    precond_diag_backward(dk, dgp, dbp, dlas, W, k, gp, bp, as, las, a0, doc, B, T, H, K, R(1.5), R(1e-6));
     real* xs[] = {k, gp, bp, las};
     real* gs[] = {dk, dgp, dbp, dlas};
     size_t ns[] = {n, nh, nh, 2};
@@ -307,26 +399,27 @@ static void gradcheck_precond(void) {
     for (int i = 0; i < 4; i++) {
         for (size_t j = 0; j < ns[i]; j++) {
             real save = xs[i][j];
-            xs[i][j] = save + h; double lp = diag_loss(k, gp, bp, las, a0, W, B, T, H, K);
-            xs[i][j] = save - h; double lm = diag_loss(k, gp, bp, las, a0, W, B, T, H, K);
+            xs[i][j] = save + h; double lp = diag_loss(k, gp, bp, las, a0, W, doc, B, T, H, K);
+            xs[i][j] = save - h; double lm = diag_loss(k, gp, bp, las, a0, W, doc, B, T, H, K);
             xs[i][j] = save;
             double fd = (lp - lm) / (2 * h);
             CHECK(fabs(fd - gs[i][j]) <= 1e-6 * fabs(gs[i][j]) + 1e-7, "diag precond d%s[%zu]: analytic %.12g numeric %.12g",
                   names[i], j, gs[i][j], fd);
         }
     }
-    printf("  diagonal preconditioner (nonzero a_0): every element of k, gP, betaP, log_atk_scale\n");
+    printf("  diagonal preconditioner (nonzero a_0%s): every element of k, gP, betaP, log_atk_scale\n",
+           docs ? ", 4 document boundaries" : "");
     // exact preconditioner: dk through the Sherman-Morrison chain, with chunks of 4 over 9 tokens
     real* pst = mallocCheck((size_t)B * H * 4 * K * K * sizeof(real));
     memset(dk, 0, n * sizeof(real));
-    precond_exact_forward(kt, pst, k, NULL, NULL, B, T, H, K, 4, R(0.8));
-    precond_exact_backward(dk, W, k, pst, B, T, H, K, 4);
+    precond_exact_forward(kt, pst, k, NULL, NULL, doc, B, T, H, K, 4, R(0.8));
+    precond_exact_backward(dk, W, k, pst, doc, B, T, H, K, 4, R(0.8));
     for (size_t j = 0; j < n; j++) {
         real save = k[j];
         double lv[2];
         for (int s = 0; s < 2; s++) {
             k[j] = save + (s ? -h : h);
-            precond_exact_forward(kt, pst, k, NULL, NULL, B, T, H, K, 4, R(0.8));
+            precond_exact_forward(kt, pst, k, NULL, NULL, doc, B, T, H, K, 4, R(0.8));
             lv[s] = 0;
             for (size_t i = 0; i < n; i++) { lv[s] += kt[i] * W[i]; }
         }
@@ -334,7 +427,7 @@ static void gradcheck_precond(void) {
         double fd = (lv[0] - lv[1]) / (2 * h);
         CHECK(fabs(fd - dk[j]) <= 1e-6 * fabs(dk[j]) + 1e-7, "exact precond dk[%zu]: analytic %.12g numeric %.12g", j, dk[j], fd);
     }
-    printf("  exact preconditioner: every element of k\n");
+    printf("  exact preconditioner%s: every element of k\n", docs ? " (4 document boundaries)" : "");
     free(k); free(W); free(gp); free(bp); free(a0); free(dk); free(dgp); free(dbp); free(kt); free(as); free(pst);
 }
 
@@ -348,10 +441,10 @@ static void test_theorem31(void) {
     real *kt = mallocCheck(T * K * sizeof(real)), *pst = mallocCheck(5 * K * K * sizeof(real)), *beta = mallocCheck(T * sizeof(real));
     real *o = mallocCheck(T * V * sizeof(real)), *st = mallocCheck(5 * K * V * sizeof(real));
     for (int t = 0; t < T; t++) { beta[t] = 1; }
-    precond_exact_forward(kt, pst, k, NULL, NULL, 1, T, 1, K, 4, R(lambda));
+    precond_exact_forward(kt, pst, k, NULL, NULL, NULL, 1, T, 1, K, 4, R(lambda));
     double worst = 0;
     for (int form = 0; form < 2; form++) {
-        delta_forward(o, st, q, k, kt, v, beta, NULL, NULL, NULL, 1, T, 1, K, V, 0, 4, form);
+        delta_forward(o, st, q, k, kt, v, beta, NULL, NULL, NULL, NULL, 1, T, 1, K, V, 0, 4, form);
         // ATQ: o_t = C_t G_t^-1 q_t, C_t = Σ v kᵀ, G_t = lambda I + Σ k kᵀ (solved by Gaussian elimination)
         double G[16], Cm[12];
         memset(Cm, 0, sizeof Cm);
@@ -387,8 +480,8 @@ static void test_theorem31(void) {
     printf("  Theorem 3.1: exact ATQ == exact ATK over %d tokens (both mixer forms), worst rel error %.1e\n", T, worst);
     // counterexample (MODEL.md §5): lambda = 1, k1 = v1 = (1, 1)
     real k1[2] = {1, 1}, v1[2] = {1, 1}, q1[2] = {1, 0}, kt1[2], b1 = 1, o1[2], ps[2 * 4], st1[2 * 4];
-    precond_exact_forward(kt1, ps, k1, NULL, NULL, 1, 1, 1, 2, 1, R(1));
-    delta_forward(o1, st1, q1, k1, kt1, v1, &b1, NULL, NULL, NULL, 1, 1, 1, 2, 2, 0, 1, 0);
+    precond_exact_forward(kt1, ps, k1, NULL, NULL, NULL, 1, 1, 1, 2, 1, R(1));
+    delta_forward(o1, st1, q1, k1, kt1, v1, &b1, NULL, NULL, NULL, NULL, 1, 1, 1, 2, 2, 0, 1, 0);
     const real* S1 = st1 + 4; // final state (K x V)
     int ok_atk = 1;
     for (int e = 0; e < 4; e++) { ok_atk &= fabs(S1[e] - 1.0 / 3.0) < 1e-12; }
@@ -401,20 +494,21 @@ static void test_theorem31(void) {
     free(q); free(k); free(v); free(kt); free(pst); free(beta); free(o); free(st);
 }
 
-static void chunk_vs_token_model(const char* variant, int exact) {
+static void chunk_vs_token_model(const char* variant, int exact, int docs) {
     PdnConfig c = small_config(variant, exact, 1);
     Model mt, mc;
     model_init(&mt, &c, 4, 0);
     randomize_params(&mt);
     model_init(&mc, &c, 4, 1);
     memcpy(mc.params, mt.params, mt.lay.num_elems * sizeof(real));
-    int x[22], y[22];
+    int x[22], y[22], doc[22];
     make_batch(2, 11, c.vocab_size, x, y);
     Acts at = acts_alloc(&mt, 2, 11, 1), ac = acts_alloc(&mc, 2, 11, 1);
+    if (docs) { docs_from_starts(doc, 2, 11, DOC_STARTS_11); at.doc = ac.doc = doc; }
     double lt = pdn_forward_backward(&mt, &at, x, y, 1, NULL), lc = pdn_forward_backward(&mc, &ac, x, y, 1, NULL);
     double e = rel_err(mc.grads, mt.grads, mt.lay.num_elems);
-    CHECK(fabs(lt - lc) < 1e-12 && e < 1e-10, "%s%s model: chunk vs token loss %.15g vs %.15g, grads rel err %.2e", variant,
-          exact ? "-exact" : "", lc, lt, e);
+    CHECK(fabs(lt - lc) < 1e-12 && e < 1e-10, "%s%s model%s: chunk vs token loss %.15g vs %.15g, grads rel err %.2e",
+          variant, exact ? "-exact" : "", docs ? " (packed documents)" : "", lc, lt, e);
     acts_free(&at); acts_free(&ac); model_free(&mt); model_free(&mc);
 }
 
@@ -473,6 +567,28 @@ static void test_attention_hand(void) {
            "grouped-query heads; worst error %.1e\n", fmax(worst, eg));
 }
 
+// packed documents (--doc-mask 1) in fp64: finite differences through the boundaries, chunk = token with them, and a
+// window of documents = the documents run alone (doc_pieces_match, shared with the fp32 tests)
+static void doc_pieces_match(const char* name, PdnConfig c, int chunk_form);
+static void run_doc_double_tests(const char* const* variants) {
+    printf("packed documents (fp64):\n");
+    for (int gk = 0; gk < 3; gk++) { for (int form = 0; form < 2; form++) { gradcheck_core(gk, form, 1); } }
+    gradcheck_precond(1);
+    for (int v = 0; v < 6; v++) {
+        gradcheck_model_docs(variants[v], small_config(variants[v], 0, 1), 1, 1);
+        chunk_vs_token_model(variants[v], 0, 1);
+    }
+    gradcheck_model_docs("pgdn-exact", small_config("pgdn", 1, 1), 1, 1);
+    gradcheck_model_docs("kda", small_config("kda", 0, 1), 0, 1);
+    chunk_vs_token_model("pgdn", 1, 1);
+    printf("  chunk == token with the boundaries: losses to 1e-12, gradients to 1e-10 relative\n");
+    for (int v = 0; v < 6; v++) {
+        for (int form = 1; form >= 0; form--) { doc_pieces_match(variants[v], small_config(variants[v], 0, v != 3), form); }
+    }
+    doc_pieces_match("pgdn-exact", small_config("pgdn", 1, 1), 1);
+    doc_pieces_match("pdn-exact", small_config("pdn", 1, 1), 0);
+}
+
 static void run_double_tests(void) {
     printf("gradient checks (fp64, central differences):\n");
     const char* variants[] = {"dn", "pdn", "gdn", "pgdn", "kda", "pkda"};
@@ -490,12 +606,13 @@ static void run_double_tests(void) {
     gradcheck_model("pgdn+attn", hybrid_config("pgdn", 2, (const int[]){1, -1}, 2, 2, 0, 10000.0f), 1);
     gradcheck_model("kda+attn-gqa-w3", hybrid_config("kda", 3, (const int[]){0, 2, -1}, 2, 1, 3, 100.0f), 1);
     test_attention_hand();
-    for (int gk = 0; gk < 3; gk++) { for (int form = 0; form < 2; form++) { gradcheck_core(gk, form); } }
-    gradcheck_precond();
+    for (int gk = 0; gk < 3; gk++) { for (int form = 0; form < 2; form++) { gradcheck_core(gk, form, 0); } }
+    gradcheck_precond(0);
     printf("chunkwise == per-token at model level (fp64, every variant):\n");
-    for (int v = 0; v < 6; v++) { chunk_vs_token_model(variants[v], 0); }
-    chunk_vs_token_model("pgdn", 1);
+    for (int v = 0; v < 6; v++) { chunk_vs_token_model(variants[v], 0, 0); }
+    chunk_vs_token_model("pgdn", 1, 0);
     printf("  done (losses to 1e-12, gradients to 1e-10 relative)\n");
+    run_doc_double_tests(variants);
     printf("Theorem 3.1:\n");
     test_theorem31();
 }
@@ -533,9 +650,9 @@ static void test_chunk_vs_token_fp32(void) {
             Sf[f] = mallocCheck(nS * sizeof(real));
             st[f] = mallocCheck((size_t)B * H * (NC + 1) * K * V * sizeof(real));
             for (int i = 0; i < 7; i++) { gr[f][i] = callocCheck(gsz[i], sizeof(real)); }
-            delta_forward(o[f], st[f], q, k, kt, v, beta, gk ? g : NULL, S0, Sf[f], B, T, H, K, V, gk, C, f);
+            delta_forward(o[f], st[f], q, k, kt, v, beta, gk ? g : NULL, S0, Sf[f], NULL, B, T, H, K, V, gk, C, f);
             delta_backward(gr[f][0], gr[f][1], gr[f][2], gr[f][3], gr[f][4], gk ? gr[f][5] : NULL, gr[f][6], dout, dSf,
-                           q, k, kt, v, beta, gk ? g : NULL, st[f], B, T, H, K, V, gk, C, f);
+                           q, k, kt, v, beta, gk ? g : NULL, st[f], NULL, B, T, H, K, V, gk, C, f);
         }
         const char* nm[7] = {"dq", "dk", "dkt", "dv", "dbeta", "dg", "dS0"};
         double eo = rel_err(o[1], o[0], N * H * V), es = rel_err(Sf[1], Sf[0], nS), worst = fmax(eo, es);
@@ -3142,9 +3259,47 @@ static void test_classifier_rows(const char* name, PdnConfig c) {
 #include "test_mqar.h"
 #include "test_eval.h"
 
+// --doc-mask 1 on a window without boundaries (every token's document starts at 0) runs the masked code paths with
+// nothing to mask: it must give the unmasked results bit for bit (the masks multiply by exactly 1 or skip nothing)
+static void doc_without_boundaries(const char* name, PdnConfig c, int chunk_form) {
+    Model m;
+    model_init(&m, &c, 4, chunk_form);
+    randomize_params(&m);
+    int x[22], y[22], doc[22] = {0};
+    make_batch(2, 11, c.vocab_size, x, y);
+    Acts a = acts_alloc(&m, 2, 11, 1);
+    size_t P = m.lay.num_elems;
+    memset(m.grads, 0, P * sizeof(real));
+    double l0 = pdn_forward_backward(&m, &a, x, y, 1, NULL);
+    real* g0 = mallocCheck(P * sizeof(real));
+    memcpy(g0, m.grads, P * sizeof(real));
+    memset(m.grads, 0, P * sizeof(real));
+    a.doc = doc;
+    double l1 = pdn_forward_backward(&m, &a, x, y, 1, NULL);
+    CHECK(l0 == l1 && memcmp(g0, m.grads, P * sizeof(real)) == 0,
+          "%s (%s form): documents without boundaries changed the loss (%.9g vs %.9g) or the gradients", name,
+          chunk_form ? "chunk" : "token", l1, l0);
+    free(g0); acts_free(&a); model_free(&m);
+}
+
+static void run_doc_float_tests(void) {
+    printf("packed documents (fp32):\n");
+    const char* variants[] = {"dn", "pdn", "gdn", "pgdn", "kda", "pkda"};
+    for (int v = 0; v < 6; v++) {
+        for (int form = 1; form >= 0; form--) {
+            doc_without_boundaries(variants[v], small_config(variants[v], 0, 1), form);
+            doc_pieces_match(variants[v], small_config(variants[v], 0, 1), form);
+        }
+    }
+    doc_without_boundaries("pgdn-exact", small_config("pgdn", 1, 1), 1);
+    doc_pieces_match("pgdn-exact", small_config("pgdn", 1, 1), 1);
+    printf("  a window without boundaries gives the results without --doc-mask bit for bit (every variant, both forms)\n");
+}
+
 static void run_float_tests(void) {
     printf("chunkwise vs per-token mixer (fp32):\n");
     test_chunk_vs_token_fp32();
+    run_doc_float_tests();
     printf("recurrent inference vs full forward (fp32):\n");
     const char* variants[] = {"dn", "pdn", "gdn", "pgdn", "kda", "pkda"};
     for (int v = 0; v < 6; v++) { test_recurrent_matches_full(variants[v], 0); }

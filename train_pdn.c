@@ -188,7 +188,9 @@ static void encoder_backward(real* dwte, const real* dout, const int* tokens, si
 
 // Depthwise causal convolution then SiLU (MODEL.md §3.2). z, pre, out: (B, T, Ch); w: (Ch, cs).
 // pre[t] = Σ_i w[i] z[t-cs+1+i]; positions before the sequence come from hist (B, cs-1, Ch; oldest first) or are 0.
-static void conv_silu_forward(real* pre, real* out, const real* z, const real* w, const real* hist,
+// doc (B, T) or NULL: with packed documents, the window position where token t's document starts (doc_starts);
+// positions before it count as 0, as if the document were a sequence of its own.
+static void conv_silu_forward(real* pre, real* out, const real* z, const real* w, const real* hist, const int* doc,
                               int B, int T, int Ch, int cs) {
     #pragma omp parallel for collapse(2)
     for (int b = 0; b < B; b++) {
@@ -199,6 +201,7 @@ static void conv_silu_forward(real* pre, real* out, const real* z, const real* w
             for (int i = 0; i < cs; i++) {
                 int s = t - (cs - 1) + i;
                 const real* zs;
+                if (doc && s < doc[(size_t)b * T + t]) { continue; }
                 if (s >= 0) { zs = z + ((size_t)b * T + s) * Ch; }
                 else if (hist) { zs = hist + ((size_t)b * (cs - 1) + (cs - 1 + s)) * Ch; }
                 else { continue; }
@@ -211,7 +214,7 @@ static void conv_silu_forward(real* pre, real* out, const real* z, const real* w
 
 // training only (no history): dz (B,T,Ch) +=, dw (Ch, cs) +=, from dout = grad of the SiLU output
 static void conv_silu_backward(real* dz, real* dw, const real* dout, const real* pre, const real* z, const real* w,
-                               int B, int T, int Ch, int cs) {
+                               const int* doc, int B, int T, int Ch, int cs) {
     size_t N = (size_t)B * T;
     real* dpre = (real*)mallocCheck(N * Ch * sizeof(real));
     #pragma omp parallel for
@@ -225,7 +228,7 @@ static void conv_silu_backward(real* dz, real* dw, const real* dout, const real*
             real* d = dz + ((size_t)b * T + s) * Ch;
             for (int i = 0; i < cs; i++) {
                 int t = s + (cs - 1) - i; // output position that read z[s] through tap i
-                if (t >= T) { continue; }
+                if (t >= T || (doc && s < doc[(size_t)b * T + t])) { continue; }
                 const real* dp = dpre + ((size_t)b * T + t) * Ch;
                 for (int c = 0; c < Ch; c++) { d[c] += w[(size_t)c * cs + i] * dp[c]; }
             }
@@ -238,7 +241,7 @@ static void conv_silu_backward(real* dz, real* dw, const real* dout, const real*
             for (int b = 0; b < B; b++) {
                 for (int t = 0; t < T; t++) {
                     int s = t - (cs - 1) + i;
-                    if (s < 0) { continue; }
+                    if (s < 0 || (doc && s < doc[(size_t)b * T + t])) { continue; }
                     acc += dpre[((size_t)b * T + t) * Ch + c] * z[((size_t)b * T + s) * Ch + c];
                 }
             }
@@ -408,11 +411,18 @@ static void crossentropy_backward(real* probs, const int* targets, size_t N, int
 
 static inline size_t bth(int b, int t, int h, int T, int H) { return ((size_t)b * T + t) * H + h; }
 
+// Packed documents (--doc-mask 1): doc (B, T) holds, for every token, the window position where its document starts
+// (doc_starts), or the pointer is NULL. A document's first token t > 0 is a boundary: the recurrent states (the
+// delta-rule S, the preconditioner's a or P) restart there from their initial values, exactly as if the document
+// were a sequence of its own. (t = 0 starts from the given initial state, as without documents.)
+static inline int doc_boundary(const int* doc, int b, int t, int T) { return doc && t > 0 && doc[(size_t)b * T + t] == t; }
+
 // 2a. diagonal preconditioner (MODEL.md §3.6): a_t = exp(gP_t) a_{t-1} + betaP_t k̂_t² (updated before use),
 // r = log(a_t + eps) - c, s = r / (1 + |r|), b = exp(-ln(x) s), k̃ = b ⊙ k̂. gp, betap: (B,T,H); astat (B,T,H,K) keeps
-// a_t for the backward. a0 (B,H,K) or NULL for zeros; a_final (B,H,K) or NULL (may equal a0).
+// a_t for the backward. a0 (B,H,K) or NULL for zeros; a_final (B,H,K) or NULL (may equal a0). At a document boundary
+// a_{t-1} is taken as 0 (its decay factor is 0).
 static void precond_diag_forward(real* kt, real* astat, const real* k, const real* gp, const real* betap,
-                                 const real* log_atk_scale, const real* a0, real* a_final,
+                                 const real* log_atk_scale, const real* a0, real* a_final, const int* doc,
                                  int B, int T, int H, int K, real x, real eps) {
     real lnx = log(x);
     #pragma omp parallel for collapse(2)
@@ -423,7 +433,7 @@ static void precond_diag_forward(real* kt, real* astat, const real* k, const rea
             real c = log_atk_scale[h];
             for (int t = 0; t < T; t++) {
                 size_t i = bth(b, t, h, T, H);
-                real decay = exp(gp[i]), bp = betap[i];
+                real decay = doc_boundary(doc, b, t, T) ? R(0) : exp(gp[i]), bp = betap[i];
                 for (int j = 0; j < K; j++) {
                     real kj = k[i * K + j];
                     a[j] = decay * a[j] + bp * kj * kj;
@@ -443,7 +453,8 @@ static void precond_diag_forward(real* kt, real* astat, const real* k, const rea
 // abar = dL/da_t; the contribution of each (b, h) to dlog_atk_scale is kept apart and summed in order.
 static void precond_diag_backward(real* dk, real* dgp, real* dbetap, real* dlog_atk_scale, const real* dkt,
                                   const real* k, const real* gp, const real* betap, const real* astat,
-                                  const real* log_atk_scale, const real* a0, int B, int T, int H, int K, real x, real eps) {
+                                  const real* log_atk_scale, const real* a0, const int* doc, int B, int T, int H, int K,
+                                  real x, real eps) {
     real lnx = log(x);
     real* dc = (real*)callocCheck((size_t)B * H, sizeof(real));
     #pragma omp parallel for collapse(2)
@@ -453,7 +464,7 @@ static void precond_diag_backward(real* dk, real* dgp, real* dbetap, real* dlog_
             real c = log_atk_scale[h], dcs = 0;
             for (int t = T - 1; t >= 0; t--) {
                 size_t i = bth(b, t, h, T, H);
-                real decay = exp(gp[i]), bp = betap[i], dg = 0, db = 0;
+                real decay = doc_boundary(doc, b, t, T) ? R(0) : exp(gp[i]), bp = betap[i], dg = 0, db = 0;
                 for (int j = 0; j < K; j++) {
                     real kj = k[i * K + j], a = astat[i * K + j];
                     real r = log(a + eps) - c;
@@ -484,6 +495,7 @@ static void precond_diag_backward(real* dk, real* dgp, real* dbetap, real* dlog_
 
 // 2b. exact preconditioner (MODEL.md §5, ATK by Sherman-Morrison): P_0 = I/lambda (or P0), for every token
 // w = P k̂, k̃ = w / (1 + k̂·w), P ← P - k̃ wᵀ. pstate (B,H,NC+1,K,K) keeps P at chunk starts for the backward.
+// At a document boundary P restarts from I/lambda.
 // w = P k, k̃ = w / (1 + k·w); returns the denominator
 static real precond_exact_key(const real* P, const real* k, real* w, real* kt, int K) {
     real den = 1;
@@ -497,12 +509,16 @@ static real precond_exact_key(const real* P, const real* k, real* w, real* kt, i
     return den;
 }
 
+static void precond_exact_reset(real* P, int K, real ridge) {
+    for (size_t e = 0; e < (size_t)K * K; e++) { P[e] = (e % (K + 1) == 0) ? R(1) / ridge : R(0); }
+}
+
 static void precond_exact_step(real* P, real* w, real* kt, const real* k, int K) {
     precond_exact_key(P, k, w, kt, K);
     for (int a = 0; a < K; a++) { for (int c = 0; c < K; c++) { P[a * K + c] -= kt[a] * w[c]; } }
 }
 
-static void precond_exact_forward(real* kt, real* pstate, const real* k, const real* P0, real* P_final,
+static void precond_exact_forward(real* kt, real* pstate, const real* k, const real* P0, real* P_final, const int* doc,
                                   int B, int T, int H, int K, int C, real ridge) {
     int NC = (T + C - 1) / C;
     size_t KK = (size_t)K * K;
@@ -512,10 +528,11 @@ static void precond_exact_forward(real* kt, real* pstate, const real* k, const r
             real* P = (real*)mallocCheck((KK + K) * sizeof(real));
             real* w = P + KK;
             if (P0) { memcpy(P, P0 + ((size_t)b * H + h) * KK, KK * sizeof(real)); }
-            else { for (size_t e = 0; e < KK; e++) { P[e] = (e % (K + 1) == 0) ? R(1) / ridge : R(0); } }
+            else { precond_exact_reset(P, K, ridge); }
             real* ps = pstate + ((size_t)b * H + h) * (NC + 1) * KK;
             for (int t = 0; t < T; t++) {
                 if (t % C == 0) { memcpy(ps + (size_t)(t / C) * KK, P, KK * sizeof(real)); }
+                if (doc_boundary(doc, b, t, T)) { precond_exact_reset(P, K, ridge); }
                 size_t i = bth(b, t, h, T, H);
                 precond_exact_step(P, w, kt + i * K, k + i * K, K);
             }
@@ -526,8 +543,10 @@ static void precond_exact_forward(real* kt, real* pstate, const real* k, const r
     }
 }
 
-// dk += from dkt, by the adjoint of each Sherman-Morrison step (P recomputed chunk by chunk from pstate)
-static void precond_exact_backward(real* dk, const real* dkt, const real* k, const real* pstate, int B, int T, int H, int K, int C) {
+// dk += from dkt, by the adjoint of each Sherman-Morrison step (P recomputed chunk by chunk from pstate; at a document
+// boundary P_{t-1} is I/lambda, a constant, so no gradient flows to the tokens before it)
+static void precond_exact_backward(real* dk, const real* dkt, const real* k, const real* pstate, const int* doc,
+                                   int B, int T, int H, int K, int C, real ridge) {
     int NC = (T + C - 1) / C;
     size_t KK = (size_t)K * K;
     #pragma omp parallel for collapse(2)
@@ -541,7 +560,8 @@ static void precond_exact_backward(real* dk, const real* dkt, const real* k, con
             for (int ch = NC - 1; ch >= 0; ch--) {
                 int t0 = ch * C, n = imin(C, T - t0);
                 memcpy(Ps, ps + (size_t)ch * KK, KK * sizeof(real));
-                for (int i = 0; i < n; i++) {
+                for (int i = 0; i < n; i++) { // Ps[i] = P before token t0 + i, after a boundary's reset
+                    if (doc_boundary(doc, b, t0 + i, T)) { precond_exact_reset(Ps + (size_t)i * KK, K, ridge); }
                     memcpy(Ps + (size_t)(i + 1) * KK, Ps + (size_t)i * KK, KK * sizeof(real));
                     precond_exact_step(Ps + (size_t)(i + 1) * KK, w, kt, k + bth(b, t0 + i, h, T, H) * K, K);
                 }
@@ -572,6 +592,7 @@ static void precond_exact_backward(real* dk, const real* dkt, const real* k, con
                         dk[ti * K + a] += tmp[a];
                         for (int c = 0; c < K; c++) { dP[a * K + c] += dw[a] * kv[c]; }
                     }
+                    if (doc_boundary(doc, b, t0 + i, T)) { memset(dP, 0, KK * sizeof(real)); }
                 }
             }
             free(Ps);
@@ -604,13 +625,14 @@ static inline void delta_token_step(real* S, real* u, real* o, const real* q, co
 }
 
 static void delta_token_forward_bh(real* o, real* st, const real* q, const real* k, const real* kt, const real* v,
-                                   const real* beta, const real* g, const real* S0, real* S_final,
+                                   const real* beta, const real* g, const real* S0, real* S_final, const int* doc,
                                    int b, int h, int T, int H, int K, int V, int gk, int C, real* S, real* u) {
     size_t KV = (size_t)K * V;
     int NC = (T + C - 1) / C;
     if (S0) { memcpy(S, S0, KV * sizeof(real)); } else { memset(S, 0, KV * sizeof(real)); }
     for (int t = 0; t < T; t++) {
         if (t % C == 0) { memcpy(st + (size_t)(t / C) * KV, S, KV * sizeof(real)); }
+        if (doc_boundary(doc, b, t, T)) { memset(S, 0, KV * sizeof(real)); }
         size_t i = bth(b, t, h, T, H);
         delta_token_step(S, u, o + i * V, q + i * K, k + i * K, kt + i * K, v + i * V, beta[i], g ? g + i * gk : NULL, gk, K, V);
     }
@@ -621,7 +643,7 @@ static void delta_token_forward_bh(real* o, real* st, const real* q, const real*
 // backward of the per-token form for one (b, h); dS (K, V) holds dL/dS_final on entry and dL/dS_0 on exit
 static void delta_token_backward_bh(real* dq, real* dk, real* dkt, real* dv, real* dbeta, real* dg, real* dS,
                                     const real* dout, const real* q, const real* k, const real* kt, const real* v,
-                                    const real* beta, const real* g, const real* st,
+                                    const real* beta, const real* g, const real* st, const int* doc,
                                     int b, int h, int T, int H, int K, int V, int gk, int C, real* Sbuf, real* vec) {
     size_t KV = (size_t)K * V;
     int NC = (T + C - 1) / C;
@@ -629,11 +651,13 @@ static void delta_token_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
     real *u = vec, *r = vec + V, *du = vec + 2 * V, *dr = vec + 3 * V;
     for (int ch = NC - 1; ch >= 0; ch--) {
         int t0 = ch * C, n = imin(C, T - t0);
-        // recompute the states after every token of this chunk: Sbuf[i] = state before token t0 + i
+        // recompute the states after every token of this chunk: Sbuf[i] = state before token t0 + i (the state after
+        // the token before it: a boundary's reset happens in the step)
         memcpy(Sbuf, st + (size_t)ch * KV, KV * sizeof(real));
         for (int i = 0; i < n; i++) {
             size_t ti = bth(b, t0 + i, h, T, H);
-            memcpy(Sbuf + (size_t)(i + 1) * KV, Sbuf + (size_t)i * KV, KV * sizeof(real));
+            if (doc_boundary(doc, b, t0 + i, T)) { memset(Sbuf + (size_t)(i + 1) * KV, 0, KV * sizeof(real)); }
+            else { memcpy(Sbuf + (size_t)(i + 1) * KV, Sbuf + (size_t)i * KV, KV * sizeof(real)); }
             delta_token_step(Sbuf + (size_t)(i + 1) * KV, u, NULL, q + ti * K, k + ti * K, kt + ti * K, v + ti * V,
                              beta[ti], g ? g + ti * gk : NULL, gk, K, V);
         }
@@ -642,7 +666,8 @@ static void delta_token_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
             const real *qi = q + ti * K, *ki = k + ti * K, *kti = kt + ti * K, *vi = v + ti * V, *doi = dout + ti * V;
             const real* St = Sbuf + (size_t)(i + 1) * KV;
             real bi = beta[ti];
-            memcpy(Sb, Sbuf + (size_t)i * KV, KV * sizeof(real));
+            if (doc_boundary(doc, b, t0 + i, T)) { memset(Sb, 0, KV * sizeof(real)); } // S̄ = 0 at a boundary
+            else { memcpy(Sb, Sbuf + (size_t)i * KV, KV * sizeof(real)); }
             decay_state(Sb, g ? g + ti * gk : NULL, gk, K, V);
             for (int c = 0; c < V; c++) { r[c] = 0; }
             for (int j = 0; j < K; j++) { for (int c = 0; c < V; c++) { r[c] += Sb[j * V + c] * ki[j]; } }
@@ -683,6 +708,7 @@ static void delta_token_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
                 }
                 decay_state(dS, g + ti * gk, gk, K, V);
             }
+            if (doc_boundary(doc, b, t0 + i, T)) { memset(dS, 0, KV * sizeof(real)); } // S_{t-1} was not read
         }
     }
 }
@@ -697,10 +723,17 @@ static void delta_token_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
 //   S_new  = e^G_n ⊙ S + Σ_j (k̃_j ⊙ exp(G_n - G_j)) V'_jᵀ
 // Only the two interaction matrices K̂K̃ᵀ and Q̂K̃ᵀ appear, the reason the two-key rule keeps the speed of the
 // one-key rule.
+// Document boundaries inside a chunk (doc) are masks on these terms, so chunks stay on their fixed grid: a score
+// (i, j) counts only if i and j are in the same document, the start state S reaches row i only if no boundary lies
+// in the chunk up to i (its weight e^G_i becomes 0), and row j reaches S_new only if j is in the chunk's last
+// document. The masks are constants, so the backward below needs nothing else: the decay gradient's identity holds
+// term by term.
 
 typedef struct {
     real *Q, *Kh, *Kt, *Vv, *G, *eG, *E, *M, *A, *P, *RHS, *Rv, *Vn, *S, *dS, *dSn;
     real *dQ, *dKh, *dKt, *dVn, *dRHS, *dP, *dA, *dG, *Kd;
+    int* ds;     // (C) the chunk's rows' document starts, or NULL without documents (points at dsbuf)
+    int* dsbuf;
 } ChunkScratch;
 
 static ChunkScratch chunk_scratch_alloc(int C, int K, int V, int gk) {
@@ -716,15 +749,30 @@ static ChunkScratch chunk_scratch_alloc(int C, int K, int V, int gk) {
     for (int i = 0; i < n; i++) { total += sizes[i]; }
     real* base = (real*)mallocCheck(total * sizeof(real));
     for (int i = 0; i < n; i++) { *ptrs[i] = base; base += sizes[i]; }
+    s.dsbuf = (int*)mallocCheck((size_t)C * sizeof(int));
+    s.ds = NULL;
     return s;
 }
-static void chunk_scratch_free(ChunkScratch* s) { free(s->Q); }
+static void chunk_scratch_free(ChunkScratch* s) { free(s->Q); free(s->dsbuf); }
 
-// M_ij = Σ_c X_i[c] Y_j[c] E_ij[c] for j < i (incl = 0) or j <= i (incl = 1); M is (n, ld = C), zero above.
-static void decayed_scores(real* M, const real* X, const real* Y, const real* E, int n, int K, int gk, int incl, int C) {
+// the start state's weight in row i, channel c: e^G_i (1 without decay), 0 after a document boundary in the chunk
+static inline real start_weight(const ChunkScratch* s, int i, int c, int gk) {
+    return s->eG[(size_t)i * (gk ? gk : 1) + (gk > 1 ? c : 0)];
+}
+// row j's weight in S_new, channel c: exp(G_n - G_j) (1 without decay), 0 if j's document ends inside the chunk
+static inline real end_weight(const ChunkScratch* s, int n, int j, int c, int gk) {
+    if (s->ds && s->ds[j] != s->ds[n - 1]) { return R(0); }
+    return gk ? exp(s->G[(n - 1) * gk + (gk == 1 ? 0 : c)] - s->G[j * gk + (gk == 1 ? 0 : c)]) : R(1);
+}
+
+// M_ij = Σ_c X_i[c] Y_j[c] E_ij[c] for j < i (incl = 0) or j <= i (incl = 1), and 0 where the rows' document
+// starts ds differ (ds NULL: one document); M is (n, ld = C), zero above.
+static void decayed_scores(real* M, const real* X, const real* Y, const real* E, const int* ds, int n, int K, int gk,
+                           int incl, int C) {
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < C; j++) { M[i * C + j] = 0; }
         for (int j = 0; j < i + incl; j++) {
+            if (ds && ds[i] != ds[j]) { continue; }
             const real *x = X + (size_t)i * K, *y = Y + (size_t)j * K;
             real s = 0;
             if (gk == K && gk > 1) {
@@ -741,11 +789,11 @@ static void decayed_scores(real* M, const real* X, const real* Y, const real* E,
 
 // dX_i += Σ_j dM_ij Y_j E_ij;  dY_j += Σ_i dM_ij X_i E_ij  (same masks as decayed_scores)
 static void decayed_scores_backward(real* dX, real* dY, const real* dM, const real* X, const real* Y, const real* E,
-                                    int n, int K, int gk, int incl, int C) {
+                                    const int* ds, int n, int K, int gk, int incl, int C) {
     for (int i = 0; i < n; i++) {
         for (int j = 0; j < i + incl; j++) {
             real d = dM[i * C + j];
-            if (d == 0) { continue; }
+            if (d == 0 || (ds && ds[i] != ds[j])) { continue; }
             const real *x = X + (size_t)i * K, *y = Y + (size_t)j * K;
             real *dx = dX + (size_t)i * K, *dy = dY + (size_t)j * K;
             if (gk == K && gk > 1) {
@@ -760,12 +808,18 @@ static void decayed_scores_backward(real* dX, real* dY, const real* dM, const re
 }
 
 // Load chunk ch of (b, h) into the scratch and compute everything that depends only on the inputs and the
-// start state s->S: G, e^G, E, A, RHS, V', the scores P = Q̂K̃ᵀ ⊙ E, and Kd = k̃_j ⊙ exp(G_n - G_j).
+// start state s->S: G, e^G (the start state's weights), E, A, RHS, V', the scores P = Q̂K̃ᵀ ⊙ E, and
+// Kd = k̃_j ⊙ exp(G_n - G_j), each masked by the document boundaries in doc (or NULL).
 static void chunk_prepare(ChunkScratch* s, const real* q, const real* k, const real* kt, const real* v, const real* beta,
-                          const real* g, int b, int h, int t0, int n, int T, int H, int K, int V, int gk, int C) {
+                          const real* g, const int* doc, int b, int h, int t0, int n, int T, int H, int K, int V, int gk,
+                          int C) {
     int gw = gk ? gk : 1;
+    s->ds = doc ? s->dsbuf : NULL;
     for (int i = 0; i < n; i++) {
         size_t ti = bth(b, t0 + i, h, T, H);
+        // row i sees the start state unless a boundary lies in [t0, t0 + i] (t0 = 0 is the window's own start)
+        int sees_s0 = 1;
+        if (doc) { s->ds[i] = doc[(size_t)b * T + t0 + i]; sees_s0 = s->ds[i] < (t0 > 0 ? t0 : 1); }
         memcpy(s->Q + (size_t)i * K, q + ti * K, K * sizeof(real));
         memcpy(s->Kh + (size_t)i * K, k + ti * K, K * sizeof(real));
         memcpy(s->Kt + (size_t)i * K, kt + ti * K, K * sizeof(real));
@@ -773,7 +827,7 @@ static void chunk_prepare(ChunkScratch* s, const real* q, const real* k, const r
         for (int c = 0; c < gw; c++) {
             real gi = gk ? g[ti * gk + c] : R(0);
             s->G[i * gw + c] = (i ? s->G[(i - 1) * gw + c] : R(0)) + gi;
-            s->eG[i * gw + c] = exp(s->G[i * gw + c]);
+            s->eG[i * gw + c] = sees_s0 ? exp(s->G[i * gw + c]) : R(0);
         }
     }
     if (gk) {
@@ -789,13 +843,13 @@ static void chunk_prepare(ChunkScratch* s, const real* q, const real* k, const r
         real* rv = s->Rv + (size_t)i * V;
         memcpy(rv, s->Vv + (size_t)i * V, V * sizeof(real));
         for (int j = 0; j < K; j++) {
-            real kg = s->Kh[(size_t)i * K + j] * (gk ? s->eG[i * gk + (gk == 1 ? 0 : j)] : R(1));
+            real kg = s->Kh[(size_t)i * K + j] * start_weight(s, i, j, gk);
             const real* Sj = s->S + (size_t)j * V;
             for (int c = 0; c < V; c++) { rv[c] -= kg * Sj[c]; }
         }
         for (int c = 0; c < V; c++) { s->RHS[(size_t)i * V + c] = beta[ti] * rv[c]; }
     }
-    decayed_scores(s->M, s->Kh, s->Kt, s->E, n, K, gk, 0, C);
+    decayed_scores(s->M, s->Kh, s->Kt, s->E, s->ds, n, K, gk, 0, C);
     for (int i = 0; i < n; i++) {
         real bi = beta[bth(b, t0 + i, h, T, H)];
         for (int j = 0; j < C; j++) { s->A[i * C + j] = bi * s->M[i * C + j]; }
@@ -810,17 +864,16 @@ static void chunk_prepare(ChunkScratch* s, const real* q, const real* k, const r
             for (int c = 0; c < V; c++) { vn[c] -= a * vj[c]; }
         }
     }
-    decayed_scores(s->P, s->Q, s->Kt, s->E, n, K, gk, 1, C);
+    decayed_scores(s->P, s->Q, s->Kt, s->E, s->ds, n, K, gk, 1, C);
     for (int j = 0; j < n; j++) {
         for (int c = 0; c < K; c++) {
-            real e = gk ? exp(s->G[(n - 1) * gk + (gk == 1 ? 0 : c)] - s->G[j * gk + (gk == 1 ? 0 : c)]) : R(1);
-            s->Kd[(size_t)j * K + c] = s->Kt[(size_t)j * K + c] * e;
+            s->Kd[(size_t)j * K + c] = s->Kt[(size_t)j * K + c] * end_weight(s, n, j, c, gk);
         }
     }
 }
 
 static void delta_chunk_forward_bh(real* o, real* st, const real* q, const real* k, const real* kt, const real* v,
-                                   const real* beta, const real* g, const real* S0, real* S_final,
+                                   const real* beta, const real* g, const real* S0, real* S_final, const int* doc,
                                    int b, int h, int T, int H, int K, int V, int gk, int C, ChunkScratch* s) {
     size_t KV = (size_t)K * V;
     int NC = (T + C - 1) / C;
@@ -828,12 +881,12 @@ static void delta_chunk_forward_bh(real* o, real* st, const real* q, const real*
     for (int ch = 0; ch < NC; ch++) {
         int t0 = ch * C, n = imin(C, T - t0);
         memcpy(st + (size_t)ch * KV, s->S, KV * sizeof(real));
-        chunk_prepare(s, q, k, kt, v, beta, g, b, h, t0, n, T, H, K, V, gk, C);
+        chunk_prepare(s, q, k, kt, v, beta, g, doc, b, h, t0, n, T, H, K, V, gk, C);
         for (int i = 0; i < n; i++) {
             real* oi = o + bth(b, t0 + i, h, T, H) * V;
             for (int c = 0; c < V; c++) { oi[c] = 0; }
             for (int j = 0; j < K; j++) { // (q̂_i ⊙ e^G_i)ᵀ S
-                real qg = s->Q[(size_t)i * K + j] * (gk ? s->eG[i * gk + (gk == 1 ? 0 : j)] : R(1));
+                real qg = s->Q[(size_t)i * K + j] * start_weight(s, i, j, gk);
                 const real* Sj = s->S + (size_t)j * V;
                 for (int c = 0; c < V; c++) { oi[c] += qg * Sj[c]; }
             }
@@ -845,7 +898,7 @@ static void delta_chunk_forward_bh(real* o, real* st, const real* q, const real*
         }
         // S_new = e^G_n ⊙ S + Kdᵀ V'
         for (int j = 0; j < K; j++) {
-            real e = gk ? s->eG[(n - 1) * gk + (gk == 1 ? 0 : j)] : R(1);
+            real e = start_weight(s, n - 1, j, gk);
             real* Sj = s->S + (size_t)j * V;
             for (int c = 0; c < V; c++) { Sj[c] *= e; }
             for (int i = 0; i < n; i++) {
@@ -865,14 +918,14 @@ static void delta_chunk_forward_bh(real* o, real* st, const real* q, const real*
 // because every term where q̂_i or k̂_i appears carries exp(+G_i) and every term where k̃_j appears exp(-G_j).
 static void delta_chunk_backward_bh(real* dq, real* dk, real* dkt, real* dv, real* dbeta, real* dg,
                                     const real* dout, const real* q, const real* k, const real* kt, const real* v,
-                                    const real* beta, const real* g, const real* st,
+                                    const real* beta, const real* g, const real* st, const int* doc,
                                     int b, int h, int T, int H, int K, int V, int gk, int C, ChunkScratch* s) {
     size_t KV = (size_t)K * V;
     int NC = (T + C - 1) / C, gw = gk ? gk : 1;
     for (int ch = NC - 1; ch >= 0; ch--) {
         int t0 = ch * C, n = imin(C, T - t0);
         memcpy(s->S, st + (size_t)ch * KV, KV * sizeof(real));
-        chunk_prepare(s, q, k, kt, v, beta, g, b, h, t0, n, T, H, K, V, gk, C);
+        chunk_prepare(s, q, k, kt, v, beta, g, doc, b, h, t0, n, T, H, K, V, gk, C);
         memset(s->dQ, 0, (size_t)n * K * sizeof(real));
         memset(s->dKh, 0, (size_t)n * K * sizeof(real));
         memset(s->dKt, 0, (size_t)n * K * sizeof(real));
@@ -891,9 +944,7 @@ static void delta_chunk_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
                 real kd = s->Kd[(size_t)j * K + a], dkd = 0;
                 const real* dSa = dS + (size_t)a * V;
                 for (int c = 0; c < V; c++) { dvn[c] += kd * dSa[c]; dkd += dSa[c] * s->Vn[(size_t)j * V + c]; }
-                // Kd_j = k̃_j ⊙ exp(G_n - G_j)
-                real e = gk ? exp(s->G[(n - 1) * gk + (gk == 1 ? 0 : a)] - s->G[j * gk + (gk == 1 ? 0 : a)]) : R(1);
-                s->dKt[(size_t)j * K + a] += dkd * e;
+                s->dKt[(size_t)j * K + a] += dkd * end_weight(s, n, j, a, gk); // Kd_j = k̃_j ⊙ exp(G_n - G_j)
                 if (gk) { s->dG[(n - 1) * gk + (gk == 1 ? 0 : a)] += dkd * kd; } // the +G_n part of exp(G_n - G_j)
             }
         }
@@ -910,7 +961,7 @@ static void delta_chunk_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
         // the start-state terms: O_i ∋ (q̂_i ⊙ e^G_i)ᵀ S, S_new ∋ e^G_n ⊙ S; dS_0 accumulates in tmp (s->dS is still needed)
         real* dSnew = s->dSn; // dL/dS_0 of this chunk
         for (int a = 0; a < K; a++) {
-            real e = gk ? s->eG[(n - 1) * gk + (gk == 1 ? 0 : a)] : R(1);
+            real e = start_weight(s, n - 1, a, gk);
             real gsum = 0;
             for (int c = 0; c < V; c++) { dSnew[a * V + c] = e * dS[a * V + c]; gsum += dS[a * V + c] * s->S[a * V + c]; }
             if (gk) { s->dG[(n - 1) * gk + (gk == 1 ? 0 : a)] += e * gsum; }
@@ -918,7 +969,7 @@ static void delta_chunk_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
         for (int i = 0; i < n; i++) {
             const real* doi = dout + bth(b, t0 + i, h, T, H) * V;
             for (int a = 0; a < K; a++) {
-                real eg = gk ? s->eG[i * gk + (gk == 1 ? 0 : a)] : R(1);
+                real eg = start_weight(s, i, a, gk);
                 real qg = s->Q[(size_t)i * K + a] * eg, d = 0;
                 const real* Sa = s->S + (size_t)a * V;
                 real* dSa = dSnew + (size_t)a * V;
@@ -952,7 +1003,7 @@ static void delta_chunk_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
             for (int c = 0; c < V; c++) { db += dr[c] * s->Rv[(size_t)i * V + c]; dv[ti * V + c] += bi * dr[c]; }
             dbeta[ti] += db;
             for (int a = 0; a < K; a++) {
-                real eg = gk ? s->eG[i * gk + (gk == 1 ? 0 : a)] : R(1);
+                real eg = start_weight(s, i, a, gk);
                 real kg = s->Kh[(size_t)i * K + a] * eg, d = 0;
                 const real* Sa = s->S + (size_t)a * V;
                 real* dSa = dSnew + (size_t)a * V;
@@ -970,8 +1021,8 @@ static void delta_chunk_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
             }
             dbeta[ti] += db;
         }
-        decayed_scores_backward(s->dKh, s->dKt, s->dA, s->Kh, s->Kt, s->E, n, K, gk, 0, C);
-        decayed_scores_backward(s->dQ, s->dKt, s->dP, s->Q, s->Kt, s->E, n, K, gk, 1, C);
+        decayed_scores_backward(s->dKh, s->dKt, s->dA, s->Kh, s->Kt, s->E, s->ds, n, K, gk, 0, C);
+        decayed_scores_backward(s->dQ, s->dKt, s->dP, s->Q, s->Kt, s->E, s->ds, n, K, gk, 1, C);
         // write out the token gradients and the decay gradient
         for (int i = 0; i < n; i++) {
             size_t ti = bth(b, t0 + i, h, T, H);
@@ -999,9 +1050,10 @@ static void delta_chunk_backward_bh(real* dq, real* dk, real* dkt, real* dv, rea
     }
 }
 
-// The mixer core, both forms. S0 (B,H,K,V) or NULL; S_final (B,H,K,V) or NULL (may equal S0).
+// The mixer core, both forms. S0 (B,H,K,V) or NULL; S_final (B,H,K,V) or NULL (may equal S0); doc (B,T) or NULL:
+// packed documents (doc_boundary).
 static void delta_forward(real* o, real* states, const real* q, const real* k, const real* kt, const real* v,
-                          const real* beta, const real* g, const real* S0, real* S_final,
+                          const real* beta, const real* g, const real* S0, real* S_final, const int* doc,
                           int B, int T, int H, int K, int V, int gk, int C, int chunk_form) {
     size_t KV = (size_t)K * V;
     int NC = (T + C - 1) / C;
@@ -1016,8 +1068,8 @@ static void delta_forward(real* o, real* states, const real* q, const real* k, c
                 real* st = states + bh * (NC + 1) * KV;
                 const real* s0 = S0 ? S0 + bh * KV : NULL;
                 real* sf = S_final ? S_final + bh * KV : NULL;
-                if (chunk_form) { delta_chunk_forward_bh(o, st, q, k, kt, v, beta, g, s0, sf, b, h, T, H, K, V, gk, C, &s); }
-                else { delta_token_forward_bh(o, st, q, k, kt, v, beta, g, s0, sf, b, h, T, H, K, V, gk, C, s.S, u); }
+                if (chunk_form) { delta_chunk_forward_bh(o, st, q, k, kt, v, beta, g, s0, sf, doc, b, h, T, H, K, V, gk, C, &s); }
+                else { delta_token_forward_bh(o, st, q, k, kt, v, beta, g, s0, sf, doc, b, h, T, H, K, V, gk, C, s.S, u); }
             }
         }
         free(u);
@@ -1029,7 +1081,7 @@ static void delta_forward(real* o, real* states, const real* q, const real* k, c
 // dS_final (B,H,K,V) or NULL: the gradient reaching the final state (tests use it; training passes NULL).
 static void delta_backward(real* dq, real* dk, real* dkt, real* dv, real* dbeta, real* dg, real* dS0,
                            const real* dout, const real* dS_final, const real* q, const real* k, const real* kt,
-                           const real* v, const real* beta, const real* g, const real* states,
+                           const real* v, const real* beta, const real* g, const real* states, const int* doc,
                            int B, int T, int H, int K, int V, int gk, int C, int chunk_form) {
     size_t KV = (size_t)K * V;
     int NC = (T + C - 1) / C;
@@ -1046,9 +1098,9 @@ static void delta_backward(real* dq, real* dk, real* dkt, real* dv, real* dbeta,
                 if (dS_final) { memcpy(s.dS, dS_final + bh * KV, KV * sizeof(real)); }
                 else { memset(s.dS, 0, KV * sizeof(real)); }
                 if (chunk_form) {
-                    delta_chunk_backward_bh(dq, dk, dkt, dv, dbeta, dg, dout, q, k, kt, v, beta, g, st, b, h, T, H, K, V, gk, C, &s);
+                    delta_chunk_backward_bh(dq, dk, dkt, dv, dbeta, dg, dout, q, k, kt, v, beta, g, st, doc, b, h, T, H, K, V, gk, C, &s);
                 } else {
-                    delta_token_backward_bh(dq, dk, dkt, dv, dbeta, dg, s.dS, dout, q, k, kt, v, beta, g, st, b, h, T, H, K, V, gk, C, Sbuf, vec);
+                    delta_token_backward_bh(dq, dk, dkt, dv, dbeta, dg, s.dS, dout, q, k, kt, v, beta, g, st, doc, b, h, T, H, K, V, gk, C, Sbuf, vec);
                 }
                 if (dS0) { for (size_t e = 0; e < KV; e++) { dS0[bh * KV + e] += s.dS[e]; } }
             }
@@ -1276,6 +1328,7 @@ typedef struct {
     real* gmem;
     size_t gsize;                 // elements of gmem before dresid: one layer's gradients, either kind
     real *dresid, *dlnf;          // (N, d)
+    const int* doc;               // (N) packed documents' starts (doc_boundary), or NULL; set by the caller per batch
 } Acts;
 
 static void layer_acts_at(const Model* m, const Acts* a, int l, LayerActs* la) {
@@ -1462,9 +1515,9 @@ static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs
         matmul_forward(la.vp, la.ln1, W(T_WV), NULL, N, d, HV);
         real *hq = rs ? rs->hq + lb * (cs - 1) * HK : NULL, *hk = rs ? rs->hk + lb * (cs - 1) * HK : NULL;
         real* hv = rs ? rs->hv + lb * (cs - 1) * HV : NULL;
-        conv_silu_forward(la.qc, la.qs, la.qp, W(T_CONV_Q), hq, B, T, HK, cs);
-        conv_silu_forward(la.kc, la.ks, la.kp, W(T_CONV_K), hk, B, T, HK, cs);
-        conv_silu_forward(la.vc, la.v, la.vp, W(T_CONV_V), hv, B, T, HV, cs);
+        conv_silu_forward(la.qc, la.qs, la.qp, W(T_CONV_Q), hq, a->doc, B, T, HK, cs);
+        conv_silu_forward(la.kc, la.ks, la.kp, W(T_CONV_K), hk, a->doc, B, T, HK, cs);
+        conv_silu_forward(la.vc, la.v, la.vp, W(T_CONV_V), hv, a->doc, B, T, HV, cs);
         if (rs) {
             conv_history_update(hq, la.qp, B, T, HK, cs);
             conv_history_update(hk, la.kp, B, T, HK, cs);
@@ -1488,14 +1541,14 @@ static void pdn_forward(const Model* m, Acts* a, const int* tokens, RecState* rs
             decay_gate_forward(la.gp, la.gp_pre, W(T_A_LOGP), W(T_DT_BIASP), N, H, 1);
             sigmoid_gate_forward(la.betap, la.bp_pre, N * H, R(1));
             real* a0 = rs ? rs->a + lb * H * K : NULL;
-            precond_diag_forward(la.kt, la.astat, la.kn, la.gp, la.betap, W(T_LOG_ATK_SCALE), a0, a0, B, T, H, K,
+            precond_diag_forward(la.kt, la.astat, la.kn, la.gp, la.betap, W(T_LOG_ATK_SCALE), a0, a0, a->doc, B, T, H, K,
                                  c->squash_x, c->precond_eps);
         } else if (c->precond == PRECOND_EXACT) {
             real* P0 = rs ? rs->P + lb * H * K * K : NULL;
-            precond_exact_forward(la.kt, la.pstate, la.kn, P0, P0, B, T, H, K, C, c->ridge);
+            precond_exact_forward(la.kt, la.pstate, la.kn, P0, P0, a->doc, B, T, H, K, C, c->ridge);
         }
         real* S0 = rs ? rs->S + lb * H * K * V : NULL;
-        delta_forward(la.o, la.states, la.qn, la.kn, la.kt, la.v, la.beta, gk ? la.g : NULL, S0, S0,
+        delta_forward(la.o, la.states, la.qn, la.kn, la.kt, la.v, la.beta, gk ? la.g : NULL, S0, S0, a->doc,
                       B, T, H, K, V, gk, C, m->chunk_form);
         rmsnorm_forward(la.on, la.o_rstd, la.o, W(T_O_NORM), N * H, V, eps);
         if (c->out_gate) {
@@ -1573,16 +1626,16 @@ static void pdn_backward(Model* m, Acts* a, const int* tokens) {
         }
         rmsnorm_backward(dl.o, DW(T_O_NORM), dl.on, la.o, W(T_O_NORM), la.o_rstd, N * H, V);
         delta_backward(dl.qn, dl.kn, dl.kt, dl.v, dl.beta, gk ? dl.g : NULL, NULL, dl.o, NULL, la.qn, la.kn, la.kt,
-                       la.v, la.beta, gk ? la.g : NULL, la.states, B, T, H, K, V, gk, C, m->chunk_form);
+                       la.v, la.beta, gk ? la.g : NULL, la.states, a->doc, B, T, H, K, V, gk, C, m->chunk_form);
         if (c->precond == PRECOND_DIAG) {
             precond_diag_backward(dl.kn, dl.gp, dl.betap, DW(T_LOG_ATK_SCALE), dl.kt, la.kn, la.gp, la.betap, la.astat,
-                                  W(T_LOG_ATK_SCALE), NULL, B, T, H, K, c->squash_x, c->precond_eps);
+                                  W(T_LOG_ATK_SCALE), NULL, a->doc, B, T, H, K, c->squash_x, c->precond_eps);
             decay_gate_backward(dl.gp_pre, DW(T_A_LOGP), DW(T_DT_BIASP), dl.gp, la.gp, la.gp_pre, W(T_A_LOGP), W(T_DT_BIASP), N, H, 1);
             sigmoid_gate_backward(dl.bp_pre, dl.betap, la.betap, N * H, R(1));
             matmul_backward(dl.ln1, DW(T_WAP), NULL, dl.gp_pre, la.ln1, W(T_WAP), N, d, H);
             matmul_backward(dl.ln1, DW(T_WBP), NULL, dl.bp_pre, la.ln1, W(T_WBP), N, d, H);
         } else if (c->precond == PRECOND_EXACT) {
-            precond_exact_backward(dl.kn, dl.kt, la.kn, la.pstate, B, T, H, K, C);
+            precond_exact_backward(dl.kn, dl.kt, la.kn, la.pstate, a->doc, B, T, H, K, C, c->ridge);
         }
         if (c->decay == DECAY_SCALAR) {
             decay_gate_backward(dl.g_pre, DW(T_A_LOG), DW(T_DT_BIAS), dl.g, la.g, la.g_pre, W(T_A_LOG), W(T_DT_BIAS), N, H, 1);
@@ -1596,9 +1649,9 @@ static void pdn_backward(Model* m, Acts* a, const int* tokens) {
         matmul_backward(dl.ln1, DW(T_WB), NULL, dl.beta_pre, la.ln1, W(T_WB), N, d, H);
         l2norm_backward(dl.qs, dl.qn, la.qn, la.q_rstd, N * H, K, qscale);
         l2norm_backward(dl.ks, dl.kn, la.kn, la.k_rstd, N * H, K, R(1));
-        conv_silu_backward(dl.qp, DW(T_CONV_Q), dl.qs, la.qc, la.qp, W(T_CONV_Q), B, T, HK, cs);
-        conv_silu_backward(dl.kp, DW(T_CONV_K), dl.ks, la.kc, la.kp, W(T_CONV_K), B, T, HK, cs);
-        conv_silu_backward(dl.vp, DW(T_CONV_V), dl.v, la.vc, la.vp, W(T_CONV_V), B, T, HV, cs);
+        conv_silu_backward(dl.qp, DW(T_CONV_Q), dl.qs, la.qc, la.qp, W(T_CONV_Q), a->doc, B, T, HK, cs);
+        conv_silu_backward(dl.kp, DW(T_CONV_K), dl.ks, la.kc, la.kp, W(T_CONV_K), a->doc, B, T, HK, cs);
+        conv_silu_backward(dl.vp, DW(T_CONV_V), dl.v, la.vc, la.vp, W(T_CONV_V), a->doc, B, T, HV, cs);
         matmul_backward(dl.ln1, DW(T_WQ), NULL, dl.qp, la.ln1, W(T_WQ), N, d, HK);
         matmul_backward(dl.ln1, DW(T_WK), NULL, dl.kp, la.ln1, W(T_WK), N, d, HK);
         matmul_backward(dl.ln1, DW(T_WV), NULL, dl.vp, la.ln1, W(T_WV), N, d, HV);
