@@ -40,6 +40,13 @@ API:
   void dataloader_free(DataLoader* dl);
 After dataloader_next, dl->last_epoch, dl->last_shard (index into dl->paths) and dl->last_start (first token of
 the window in that shard) tell where the batch came from.
+
+Packed documents: with dl->eot set to the end-of-text id (dataloader_set_eot; -1, the default, means none), every
+batch also gets its documents as segments, fla's cu_seqlens over the B*T inputs: dl->seg[0 .. n_seg] are the
+increasing positions where a segment starts, seg[0] = 0 and seg[n_seg] = B*T. A segment starts at every row start
+(b*T: each of the B rows is a window of its own) and at the token after each end-of-text input inside a row (the
+end-of-text token ends its document: llm.c's shards put one before each document). Found once per batch here, on
+the inputs as served.
 */
 #ifndef PDN_DATALOADER_H
 #define PDN_DATALOADER_H
@@ -76,6 +83,9 @@ typedef struct {
     uint32_t* raw;              // B*T+1 tokens
     int* inputs;                // [B*T]
     int* targets;               // [B*T]
+    int eot;                    // end-of-text id for the document segments, -1: none
+    int* seg;                   // [B*T+1] segment starts (cu_seqlens), n_seg of them and B*T last
+    int n_seg;
     uint64_t last_epoch, last_start;
     int last_shard;
 } DataLoader;
@@ -130,6 +140,23 @@ static void dl_common_init(DataLoader* dl, const char* pattern, int B, int T, in
     dl->raw = (uint32_t*)mallocCheck((bt + 1) * sizeof(uint32_t));
     dl->inputs = (int*)mallocCheck(bt * sizeof(int));
     dl->targets = (int*)mallocCheck(bt * sizeof(int));
+    dl->seg = (int*)mallocCheck((bt + 1) * sizeof(int));
+    dl->eot = -1;
+}
+
+// the end-of-text id that separates documents (segments in every batch), or -1 for none
+static void dataloader_set_eot(DataLoader* dl, int eot) { dl->eot = eot; }
+
+// dl->seg, dl->n_seg from the inputs (see the top of the file)
+static void dl_segments(DataLoader* dl) {
+    int B = dl->B, T = dl->T, n = 0;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            if (t == 0 || dl->inputs[(size_t)b * T + t - 1] == dl->eot) { dl->seg[n++] = b * T + t; }
+        }
+    }
+    dl->seg[n] = B * T;
+    dl->n_seg = n;
 }
 
 static void dataloader_init(DataLoader* dl, const char* pattern, int B, int T, int rank, int world, int vocab_size,
@@ -247,6 +274,7 @@ static void dataloader_next(DataLoader* dl) {
         }
     }
     for (size_t k = 0; k < bt; k++) { dl->inputs[k] = (int)dl->raw[k]; dl->targets[k] = (int)dl->raw[k + 1]; }
+    if (dl->eot >= 0) { dl_segments(dl); }
     dl->last_epoch = epoch; dl->last_shard = s; dl->last_start = first;
     dl->consumed += (uint64_t)dl->world;
 }
@@ -292,7 +320,7 @@ static void dataloader_free(DataLoader* dl) {
     if (dl->fd >= 0) { close(dl->fd); }
     for (int i = 0; i < dl->n_shards; i++) { free(dl->paths[i]); }
     free(dl->paths); free(dl->info); free(dl->n_windows); free(dl->order); free(dl->start); free(dl->perm);
-    free(dl->raw); free(dl->inputs); free(dl->targets);
+    free(dl->raw); free(dl->inputs); free(dl->targets); free(dl->seg);
     memset(dl, 0, sizeof(*dl));
 }
 

@@ -757,6 +757,14 @@ static int run_cmd(const char* cmd, char* out, size_t outn) {
 
 static char outbuf[1 << 20];
 
+// ./train_pdn ARGS must fail with exit code want and print msg
+static void check_refused(const char* args, int want, const char* msg) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "./train_pdn %s", args);
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == want && strstr(outbuf, msg), "'%s': expected exit %d with '%s', got rc %d:\n%s", args, want, msg, rc, outbuf);
+}
+
 static void last_line(const char* s, char* line, size_t n) {
     size_t len = strlen(s);
     while (len && s[len - 1] == '\n') { len--; }
@@ -2262,7 +2270,8 @@ static void test_text_resume(void) {
     FILE* f = fopen(pathf("%s/a/state_00000012.bin", dir), "rb");
     char head[1024] = {0};
     if (f) { size_t got = fread(head, 1, sizeof head - 1, f); head[got] = 0; fclose(f); }
-    CHECK(strstr(head, "\ndata_source text\ndata_state 9 "), "text state file: no 'data_source text' / 9-word data_state line");
+    CHECK(strstr(head, "\ndata_source text\ndoc_mask -1\ndata_state 9 "),
+          "text state file: no 'data_source text' / 'doc_mask -1' / 9-word data_state line");
     printf("  text resume: steps 7-12 after resuming from step 6 (the data loader's 9-word position, across an epoch "
            "boundary) reproduce the uninterrupted losses, parameters and moments bit for bit\n");
 
@@ -2374,6 +2383,70 @@ static void test_text_stray_id(void) {
     tdir_close(&td);
 }
 
+// --doc-mask 1 end to end: the loader's segments on a hand-worked window, resume bit for bit, the masks in effect, and
+// the refusals. The text shards put id 0 before each document of 20-60 tokens, so -t 32 windows hold boundaries.
+static void test_doc_mask_runs(void) {
+    TestDir td;
+    tdir_open(&td, "doc_mask");
+    const char* dir = td.path;
+    // the loader: B = 2, T = 4 over 7 0 1 2 | 0 0 3 0 (+ the last target 9): row 0 starts documents at 0 and 2 (after
+    // the end-of-text 0 at 1), row 1 at 4 (its start), 5 and 6 (after the 0s at 4 and 5); the 0 at 7 ends a document
+    // whose successor lies beyond the window
+    int ids[9] = {7, 0, 1, 2, 0, 0, 3, 0, 9}, want[6] = {0, 2, 4, 5, 6, 8};
+    shard_write(pathf("%s/seg_000.bin", dir), 2, ids, 9);
+    DataLoader dl;
+    dataloader_init(&dl, pathf("%s/seg_*.bin", dir), 2, 4, 0, 1, 16, 0, 1);
+    dataloader_set_eot(&dl, 0);
+    dataloader_next(&dl);
+    CHECK(dl.n_seg == 5 && memcmp(dl.seg, want, sizeof want) == 0, "loader segments: got %d: %d %d %d %d %d %d", dl.n_seg,
+          dl.seg[0], dl.seg[1], dl.seg[2], dl.seg[3], dl.seg[4], dl.seg[5]);
+    dataloader_free(&dl);
+    printf("  loader: the segments of a hand-worked window (row starts and after each end-of-text input), like cu_seqlens\n");
+
+    char flags[2048], cmd[8192];
+    snprintf(flags, sizeof flags, "--preset pgdn-tiny %s -b 4 -t 32 -d 256 -x 12 -n 6 -v 6 -m 2 --doc-mask 1 --eot-id 0",
+             text_flags);
+    snprintf(cmd, sizeof cmd, "./train_pdn %s -o %s/a && mkdir -p %s/c && cp %s/a/model_00000006.bin %s/a/state_00000006.bin "
+             "%s/c/ && ./train_pdn %s -o %s/c -y 1", flags, dir, dir, dir, dir, dir, flags, dir);
+    int rc = run_cmd(cmd, outbuf, sizeof outbuf);
+    CHECK(rc == 0 && strstr(outbuf, "packed documents (--doc-mask 1)"), "--doc-mask 1 runs failed (rc %d):\n%s", rc, outbuf);
+    int same = files_equal(pathf("%s/a/model_00000012.bin", dir), pathf("%s/c/model_00000012.bin", dir)) &&
+               files_equal(pathf("%s/a/state_00000012.bin", dir), pathf("%s/c/state_00000012.bin", dir));
+    CHECK(same, "--doc-mask 1: the resumed run's final checkpoint or state differs from the uninterrupted run's");
+    // the same first step without the masks must differ (the documents are in the windows)
+    snprintf(cmd, sizeof cmd, "./train_pdn --preset pgdn-tiny %s -b 4 -t 32 -x 1 -v 0 --doc-mask %%d --eot-id 0", text_flags);
+    char c0[8192], c1[8192], out0[4096];
+    snprintf(c0, sizeof c0, cmd, 0);
+    snprintf(c1, sizeof c1, cmd, 1);
+    int r0 = run_cmd(c0, outbuf, sizeof outbuf);
+    snprintf(out0, sizeof out0, "%s", strstr(outbuf, "step     1/") ? strstr(outbuf, "step     1/") : "");
+    int r1 = run_cmd(c1, outbuf, sizeof outbuf);
+    double l0 = step_loss(out0, 1), l1 = step_loss(outbuf, 1);
+    CHECK(r0 == 0 && r1 == 0 && l0 > 0 && l1 > 0 && l0 != l1, "--doc-mask 1 did not change the first loss (%.6f vs %.6f)",
+          l1, l0);
+    printf("  --doc-mask 1: resume from step 6 gives the uninterrupted run's step-12 files bit for bit; the first loss "
+           "differs from --doc-mask 0's (%.6f vs %.6f)\n", l1, l0);
+    // refusals, each exit 1 with its reason
+    struct { const char* args; const char* msg; } bad[] = {
+        {"--preset pgdn-tiny -x 1 --doc-mask 1", "--doc-mask 1 is for text (-i)"},
+        {"--preset pgdn-tiny %s -x 1 --doc-mask 2", "--doc-mask must be 0 or 1"},
+        {"--preset pgdn-tiny %s -b 4 -t 32 -x 1 --doc-mask 1", "needs the end-of-text id"},
+        {"--preset pgdn-tiny %s -b 4 -t 32 -x 1 --doc-mask 1 --eot-id 4000", "outside the model's vocabulary"},
+        {"--preset pgdn-tiny %s -b 4 -t 32 -x 1 --doc-mask 1 --eot-id 0 --attn-layers 1", "with attention layers"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char a[4096];
+        snprintf(a, sizeof a, bad[i].args, text_flags);
+        check_refused(a, EXIT_USAGE, bad[i].msg);
+    }
+    // a resume that changes --doc-mask is refused
+    check_refused(pathf("--preset pgdn-tiny %s -b 4 -t 32 -d 256 -x 12 -n 6 -v 6 -m 2 -o %s/c -y 1", text_flags, dir),
+                  EXIT_USAGE, "written by a run with --doc-mask 1, this run has --doc-mask 0");
+    printf("  --doc-mask refusals: MQAR, a bad value, no end-of-text id, one outside the vocabulary, attention layers, "
+           "a resume that changes it (exit 1 each)\n");
+    tdir_close(&td);
+}
+
 static void run_text_tests(void) {
     printf("text training:\n");
     make_text_shards();
@@ -2382,6 +2455,7 @@ static void run_text_tests(void) {
     test_text_resume();
     test_text_debug_state();
     test_text_tokenizer();
+    test_doc_mask_runs();
 }
 
 // the CPU/GPU comparison tool: the two mixer forms agree (pass), a 1% change in one gradient element fails
@@ -2911,10 +2985,7 @@ static void test_nonfinite(void) {
     for (size_t i = 0; i < sizeof(load) / sizeof(load[0]); i++) {
         char args[1024];
         snprintf(args, sizeof args, load[i].args, d);
-        snprintf(cmd, sizeof cmd, "./train_pdn %s", args);
-        rc = run_cmd(cmd, outbuf, sizeof outbuf);
-        CHECK(rc == EXIT_BADFILE && strstr(outbuf, load[i].expect), "'%s': expected exit 2 with '%s', rc %d:\n%s", args,
-              load[i].expect, rc, outbuf);
+        check_refused(args, EXIT_BADFILE, load[i].expect);
     }
     snprintf(cmd, sizeof cmd, "mkdir -p %s/res && cp %s/nan.bin %s/res/model_00000001.bin && cp %s/base/state_00000001.bin %s/res/ "
              "&& ./train_pdn " RUN17 " -x 2 -y 1 -o %s/res", d, d, d, d, d, d);

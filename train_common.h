@@ -25,6 +25,8 @@ its schedule of evaluations, samples and checkpoints): each trainer provides the
     X(S, val,           "-j", "--val",          "",     "text: validation token shards, a glob (none: no val loss)") \
     X(S, tokenizer,     NULL, "--tokenizer",    "",     "dir of encoder.json + vocab.bpe, or a .bin: decodes samples, encodes --prompt") \
     X(I, sample_every,  "-s", "--sample-every", "0",    "text: a decoded sample of -g tokens every N steps (0: never)") \
+    X(I, doc_mask,      NULL, "--doc-mask",     "0",    "text: 1 starts the recurrent state afresh at every document (after each end-of-text token)") \
+    X(I, eot_id,        NULL, "--eot-id",       "-1",   "--doc-mask: the end-of-text token id (-1: the tokenizer's)") \
     X(I, mqar_vocab,    NULL, "--mqar-vocab",   "0",    "MQAR vocabulary, keys < vocab/2 <= values (0: 64 for pdn, 8192 for zoology)") \
     X(I, mqar_pairs,    NULL, "--mqar-pairs",   "8",    "MQAR key-value pairs per sequence") \
     X(F, mqar_power_a,  NULL, "--mqar-power-a", "0.01", "MQAR query placement power law") \
@@ -280,6 +282,11 @@ static void train_config_check(TrainConfig* tc, int nproc) {
     else if (strcmp(tc->mqar_gen, "zoology") == 0) { tc->mqar_zoology = 1; }
     else { fail(EXIT_USAGE, "--mqar-gen must be pdn or zoology, got '%s'", tc->mqar_gen); }
     if (tc->mqar_zoology && tc->train[0]) { fail(EXIT_USAGE, "--mqar-gen zoology is for MQAR, not for text (-i)"); }
+    if (tc->doc_mask != 0 && tc->doc_mask != 1) { fail(EXIT_USAGE, "--doc-mask must be 0 or 1, got %d", tc->doc_mask); }
+    if (tc->doc_mask && !tc->train[0] && !tc->generate && !tc->eval[0] && !tc->export_hf[0] && !tc->import_hf[0]) {
+        fail(EXIT_USAGE, "--doc-mask 1 is for text (-i): an MQAR sequence is one example, with no documents in it");
+    }
+    if (tc->eot_id < -1) { fail(EXIT_USAGE, "--eot-id must be a token id >= 0, or -1 for the tokenizer's, got %d", tc->eot_id); }
     if (tc->mqar_vocab < 0 || tc->mqar_train < 1 || tc->mqar_train > INT_MAX || tc->mqar_test < 1 || tc->mqar_test > INT_MAX) {
         fail(EXIT_USAGE, "need --mqar-vocab >= 0 and 1 <= --mqar-train, --mqar-test <= %d", INT_MAX);
     }
@@ -325,7 +332,7 @@ static void box_rule(void) { printf("+----------------------------+-------------
 
 // the box shows the flags of the task being trained: MQAR's knobs for MQAR, the text flags for text
 static int train_field_shown(const TrainConfig* tc, const TrainField* f) {
-    static const char* const text_only[] = {"train", "val", "tokenizer", "sample_every"};
+    static const char* const text_only[] = {"train", "val", "tokenizer", "sample_every", "doc_mask", "eot_id"};
     static const char* const procs[] = {"world_size", "rank", "local_rank"}; // a line after the box says it
     int text = tc->train[0] != 0;
     if (strncmp(f->name, "dist_", 5) == 0 || strstr(f->name, "_hf") || strcmp(f->name, "export_dtype") == 0) { return 0; }
@@ -379,8 +386,8 @@ static void print_config_box(const PdnConfig* mc, const TrainConfig* tc, const P
 //   PDNSTATE / version 1 / header_bytes / dtype (of m and v) / num_elems / step / model_crc (CRC of the
 //   checkpoint file written with it: the pair must match) / batch, seq_len, grad_accum, nproc (must match on
 //   resume for the data order to continue exactly) / data_source (mqar | text | mqar-zoology: the kind of data
-//   source, which a resume must use too) / data_state (up to 16 u64 of the data source's position) / crc32 / end, then
-//   m[num_elems], v[num_elems]
+//   source, which a resume must use too) / doc_mask (-1, or the end-of-text id of --doc-mask 1; files without the line
+//   are -1) / data_state (up to 16 u64 of the data source's position) / crc32 / end, then m[num_elems], v[num_elems]
 
 #define DATA_STATE_MAX 16
 #define DATA_MQAR 0
@@ -392,6 +399,7 @@ typedef struct {
     uint32_t model_crc;
     int B, T, grad_accum, nproc;
     int data_kind;      // DATA_MQAR (0, what a zeroed state means) | DATA_TEXT | DATA_ZOOLOGY
+    int doc_eot;        // --doc-mask 1: the end-of-text id that separates documents; -1: off (must match on resume)
     int n_data;
     uint64_t data[DATA_STATE_MAX];
 } TrainState;
@@ -399,9 +407,9 @@ typedef struct {
 // a state file's header lines (before the crc32 line) into tb
 static void state_header(TextBuf* tb, const TrainState* s, size_t num_elems, const char* dtype) {
     tb_printf(tb, "%s\nversion %d\nheader_bytes 0000000000\ndtype %s\nnum_elems %zu\nstep %ld\nmodel_crc %08x\n"
-              "batch %d\nseq_len %d\ngrad_accum %d\nnproc %d\ndata_source %s\ndata_state %d", PDN_STATE_MAGIC, PDN_CKPT_VERSION,
-              dtype, num_elems, s->step, s->model_crc, s->B, s->T, s->grad_accum, s->nproc,
-              DATA_KIND_NAME[s->data_kind], s->n_data);
+              "batch %d\nseq_len %d\ngrad_accum %d\nnproc %d\ndata_source %s\ndoc_mask %d\ndata_state %d", PDN_STATE_MAGIC,
+              PDN_CKPT_VERSION, dtype, num_elems, s->step, s->model_crc, s->B, s->T, s->grad_accum, s->nproc,
+              DATA_KIND_NAME[s->data_kind], s->doc_eot, s->n_data);
     for (int i = 0; i < s->n_data; i++) { tb_printf(tb, " %016llx", (unsigned long long)s->data[i]); }
     tb_printf(tb, "\n");
 }
@@ -452,6 +460,13 @@ static void state_read(const char* path, TrainState* s, void* m, void* v, size_t
         s->data_kind = -1;
         for (int k = 0; k < 3; k++) { if (strcmp(val, DATA_KIND_NAME[k]) == 0) { s->data_kind = k; } }
         if (s->data_kind < 0) { fail(EXIT_BADFILE, "%s: unknown data_source '%s'", path, val); }
+    }
+    s->doc_eot = -1;
+    if (header_get(&h, "doc_mask", val, sizeof val)) {
+        char* end;
+        long e = strtol(val, &end, 10);
+        if (end == val || *end || e < -1 || e >= PDN_MAX_VOCAB) { fail(EXIT_BADFILE, "%s: bad doc_mask line '%s'", path, val); }
+        s->doc_eot = (int)e;
     }
     if (!header_get(&h, "data_state", val, sizeof val)) { fail(EXIT_BADFILE, "%s: no data_state line", path); }
     char* p = val;
@@ -927,6 +942,8 @@ typedef struct {
     long val_batches;         // held-out batches per evaluation (0: no evaluation data)
     const char* vocab_from;   // text: where the model's vocabulary came from (printed by data_describe)
     char vocab_note[1200];    //   (when from the shards: which id of which shard)
+    int doc_eot;              // --doc-mask 1: the end-of-text id, else -1 (data_docs_on)
+    int* doc;                 // (B*T) with --doc-mask 1: every token's document start in its row (the model's doc), else NULL
 } DataSource;
 
 // the largest token id in a loader's shards (all of their tokens, read in 1M-token parts), and where it first occurs
@@ -956,7 +973,7 @@ static MaxToken data_max_token(const DataLoader* dl) {
 // serve against it (exit 2 on an id outside the model's vocabulary).
 static void data_init(DataSource* ds, const TrainConfig* tc, int tok_vocab, int* vocab_size, int rank, int world) {
     memset(ds, 0, sizeof(*ds));
-    ds->B = tc->B; ds->T = tc->T; ds->rank = rank; ds->world = world; ds->seed = (uint64_t)tc->seed;
+    ds->B = tc->B; ds->T = tc->T; ds->rank = rank; ds->world = world; ds->seed = (uint64_t)tc->seed; ds->doc_eot = -1;
     if (!tc->train[0]) {
         ds->kind = tc->mqar_zoology ? DATA_ZOOLOGY : DATA_MQAR;
         int vocab = tc->mqar_vocab ? tc->mqar_vocab : tc->mqar_zoology ? 8192 : 64; // Zoology's default vocabulary
@@ -1012,19 +1029,34 @@ static void data_free(DataSource* ds) {
     }
     free(ds->xs);
     free(ds->ys);
+    free(ds->doc);
     memset(ds, 0, sizeof(*ds));
 }
 
-// a loader's next batch into x, y
-static void data_loader_batch(DataLoader* dl, int* x, int* y) {
+// a loader's next batch into x, y; with documents their starts into ds->doc: each token gets its segment's start in
+// its row (segments never cross rows)
+static void data_loader_batch(DataSource* ds, DataLoader* dl, int* x, int* y) {
     dataloader_next(dl);
     memcpy(x, dl->inputs, (size_t)dl->B * dl->T * sizeof(int));
     memcpy(y, dl->targets, (size_t)dl->B * dl->T * sizeof(int));
+    if (!ds->doc) { return; }
+    for (int i = 0; i < dl->n_seg; i++) {
+        for (int n = dl->seg[i]; n < dl->seg[i + 1]; n++) { ds->doc[n] = dl->seg[i] % dl->T; }
+    }
 }
 
-// one micro-batch of this rank: x, y of B*T ints
+// --doc-mask 1: the loaders find the documents after each end-of-text id eot in every batch
+static void data_docs_on(DataSource* ds, int eot) {
+    ds->doc_eot = eot;
+    if (eot < 0) { return; }
+    dataloader_set_eot(&ds->train, eot);
+    if (ds->has_val) { dataloader_set_eot(&ds->val, eot); }
+    ds->doc = (int*)mallocCheck((size_t)ds->B * ds->T * sizeof(int));
+}
+
+// one micro-batch of this rank: x, y of B*T ints (and ds->doc with documents)
 static void data_next(DataSource* ds, int* x, int* y) {
-    if (ds->kind == DATA_TEXT) { data_loader_batch(&ds->train, x, y); return; }
+    if (ds->kind == DATA_TEXT) { data_loader_batch(ds, &ds->train, x, y); return; }
     if (ds->kind == DATA_ZOOLOGY) { // batch g of the order: the epoch's batch g % nb, the last one short
         long nb = (ds->n_train + ds->B - 1) / ds->B, g = ds->zpos + ds->rank;
         ds->zpos += ds->world;
@@ -1095,7 +1127,7 @@ static long data_val_begin(DataSource* ds) {
 }
 
 static void data_val_next(DataSource* ds, int* x, int* y) {
-    if (ds->kind == DATA_TEXT) { data_loader_batch(&ds->val, x, y); return; }
+    if (ds->kind == DATA_TEXT) { data_loader_batch(ds, &ds->val, x, y); return; }
     if (ds->kind == DATA_ZOOLOGY) { mqar_zoology_batch(&ds->mq, ds->test_seed, ds->n_test, ds->vpos++ * ds->B, ds->B, x, y); return; }
     mqar_batch(&ds->mq, &ds->val_rng, ds->B, x, y);
 }
@@ -1133,6 +1165,10 @@ static void data_describe(const DataSource* ds, int vocab_size) {
                ds->val.n_shards, ds->val.n_shards == 1 ? "" : "s", ds->val_batches);
     } else {
         printf("no validation data (no -j, or -m 0): no val loss will be reported\n");
+    }
+    if (ds->doc_eot >= 0) {
+        printf("packed documents (--doc-mask 1): a document starts after every end-of-text token (id %d) and at every "
+               "row; the recurrent state, the preconditioner and the short convolution start afresh there\n", ds->doc_eot);
     }
 }
 
@@ -1192,6 +1228,23 @@ static void print_tokens(FILE* f, const Tokenizer* tok, const int* ids, int n) {
     bytebuf_free(&bb);
 }
 
+// --doc-mask 1 on text: the end-of-text id (--eot-id, else the tokenizer's) and the loaders' documents, before a
+// resume checks the state file's doc_mask line against it
+static void data_docs_setup(DataSource* ds, const TrainConfig* tc, const Tokenizer* tok, const PdnConfig* mc) {
+    if (!tc->doc_mask || ds->kind != DATA_TEXT) { return; }
+    int eot = tc->eot_id >= 0 ? tc->eot_id : tok ? tok->eot_id : -1;
+    if (eot < 0) {
+        fail(EXIT_USAGE, "--doc-mask 1 needs the end-of-text id that separates the documents\n  hint: --eot-id N (GPT-2's "
+             "is 50256), or --tokenizer with an <|endoftext|> token");
+    }
+    if (eot >= mc->vocab_size) { fail(EXIT_USAGE, "--eot-id %d is outside the model's vocabulary (%d tokens)", eot, mc->vocab_size); }
+    if (layerset_count(&mc->attn_layers)) {
+        fail(EXIT_USAGE, "--doc-mask 1 with attention layers is not supported: the attention would need per-document "
+             "masks and positions\n  hint: --doc-mask 0, or a model without --attn-layers");
+    }
+    data_docs_on(ds, eot);
+}
+
 // The start of both trainers' main(): the model's source (-y / -e / flags), the tokenizer, the data source (which
 // fills a vocabulary the preset left at 0), then the config check. Returns the tokenizer or NULL.
 static Tokenizer* run_setup(TrainConfig* tc, PdnConfig* mc, real** loaded, uint32_t* crc, char* resume_state, size_t n,
@@ -1203,6 +1256,7 @@ static Tokenizer* run_setup(TrainConfig* tc, PdnConfig* mc, real** loaded, uint3
     if (!tc->generate && !tc->eval[0]) { data_init(ds, tc, tok ? tok->vocab_size : 0, &mc->vocab_size, rank, world); }
     const char* err = pdn_config_check(mc);
     if (err) { fail(EXIT_USAGE, "%s", err); }
+    data_docs_setup(ds, tc, tok, mc);
     return tok;
 }
 
@@ -1240,7 +1294,8 @@ typedef struct Trainer Trainer;
 typedef struct GenState GenState;
 
 // A training step. tr_step_begin zeroes the gradients (and starts the step's clock). tr_forward_backward runs one
-// micro-batch (B*T tokens x and targets y, -1 where none): its gradients accumulate, scaled by 1 / (its targets x
+// micro-batch (B*T tokens x and targets y, -1 where none; doc: the packed documents' starts (--doc-mask 1) or NULL):
+// its gradients accumulate, scaled by 1 / (its targets x
 // accum); returns its mean loss; last: the step's last micro-batch (the GPU then hands its gradients to the
 // reduce-scatter); logits, if not NULL, receives the (B*T, vocab) logits before the softmax. tr_grad_norm: the global
 // gradient norm (*loss in: this process's mean loss, out: the mean over every process; *stop in: whether this process
@@ -1249,13 +1304,14 @@ typedef struct GenState GenState;
 // (the GPU derives the bf16 parameters of `step` again, as a resume from it would). tr_step_end: the step's time in
 // seconds (timed: not a warm-up step).
 static void tr_step_begin(Trainer* tr);
-static double tr_forward_backward(Trainer* tr, const int* x, const int* y, int accum, int last, float* logits);
+static double tr_forward_backward(Trainer* tr, const int* x, const int* y, const int* doc, int accum, int last,
+                                  float* logits);
 static double tr_grad_norm(Trainer* tr, double* loss, int* stop);
 static int tr_update(Trainer* tr, float lr, long step, double grad_scale);
 static void tr_skip(Trainer* tr, long step);
 static double tr_step_end(Trainer* tr, int timed);
 // one held-out batch: the loss summed over its targets, their number and the argmax hits; v[0..n) summed over processes
-static double tr_eval_batch(Trainer* tr, const int* x, const int* y, long* count, long* hits);
+static double tr_eval_batch(Trainer* tr, const int* x, const int* y, const int* doc, long* count, long* hits);
 static void tr_sum(Trainer* tr, double* v, int n);
 // What a checkpoint writes: the full parameters and AdamW moments (num_elems each) into host buffers; every process
 // calls it (ZeRO-1 gathers them), the buffers are NULL on the processes that do not write. tr_grads: the gradients
@@ -1320,6 +1376,11 @@ static long resume_state_read(const char* path, const TrainConfig* tc, int nproc
         fail(EXIT_USAGE, "resume needs the same batch settings: the checkpoint used -b %d -t %d with %d accumulation "
              "steps on %d process(es); now -b %d -t %d, %d steps on %d\n  hint: keep -b, -t and -d (tokens per step); the "
              "number of processes may change", st.B, st.T, st.grad_accum, st.nproc, tc->B, tc->T, tc->grad_accum, nproc);
+    }
+    if (st.doc_eot != ds->doc_eot) {
+        fail(EXIT_USAGE, "%s was written by a run with %s, this run has %s\n  hint: resume with that run's --doc-mask "
+             "and --eot-id (a model trained on packed documents reads them one way)", path,
+             st.doc_eot < 0 ? "--doc-mask 0" : "--doc-mask 1", ds->doc_eot < 0 ? "--doc-mask 0" : "--doc-mask 1");
     }
     // -x counts every step from the start: below the checkpoint's step there is nothing to train
     if (st.step > tc->steps) {
@@ -1395,7 +1456,7 @@ static long run_evaluate(Trainer* tr, const Run* r, int* x, int* y, double* loss
     for (long bi = 0; bi < batches; bi++) {
         data_val_next(r->ds, x, y);
         long count, hits;
-        v[0] += tr_eval_batch(tr, x, y, &count, &hits);
+        v[0] += tr_eval_batch(tr, x, y, r->ds->doc, &count, &hits);
         v[1] += (double)count;
         v[2] += (double)hits;
     }
@@ -1464,6 +1525,7 @@ static void run_save(Trainer* tr, Run* r, long step) {
     TrainState st;
     memset(&st, 0, sizeof st);
     st.step = step; st.B = tc->B; st.T = tc->T; st.grad_accum = tc->grad_accum; st.nproc = r->world;
+    st.doc_eot = r->ds->doc_eot;
     data_save(r->ds, &st);
     checkpoint_pair_write(mp, sp, r->mc, r->lay, buf, buf + n, buf + 2 * n, &st);
     printf("saved checkpoint %s (+ %s)\n", mp, sp);
@@ -1487,7 +1549,7 @@ static void run_debug_state(Trainer* tr, const Run* r) {
     d.grads = (float*)mallocCheck(r->lay->num_elems * sizeof(float));
     data_next(r->ds, d.x, d.y);
     tr_step_begin(tr);
-    d.loss = tr_forward_backward(tr, d.x, d.y, 1, 1, d.logits);
+    d.loss = tr_forward_backward(tr, d.x, d.y, r->ds->doc, 1, 1, d.logits);
     tr_grads(tr, d.grads);
     debug_state_write(tc->debug_state, &d);
     printf("wrote %s: B %d, T %d, loss %.9f, %zu gradient elements\n", tc->debug_state, d.B, d.T, d.loss, r->lay->num_elems);
@@ -1562,7 +1624,8 @@ static int run_train(Trainer* tr, Run* r) {
         for (int micro = 0; micro < tc->grad_accum; micro++) {
             data_next(ds, x, y);
             // each micro-batch's loss is scaled so that the summed gradients are the mean over every process's
-            loss += tr_forward_backward(tr, x, y, tc->grad_accum * r->world, micro == tc->grad_accum - 1, NULL) / tc->grad_accum;
+            loss += tr_forward_backward(tr, x, y, ds->doc, tc->grad_accum * r->world, micro == tc->grad_accum - 1, NULL) /
+                    tc->grad_accum;
         }
         int stop = stop_signal != 0;
         double norm = tr_grad_norm(tr, &loss, &stop); // loss: now the mean over the processes

@@ -1780,8 +1780,10 @@ static void tr_step_begin(Trainer* tr) {
     memset(tr->m.grads, 0, tr->m.lay.num_elems * sizeof(real));
 }
 
-static double tr_forward_backward(Trainer* tr, const int* x, const int* y, int accum, int last, float* logits) {
+static double tr_forward_backward(Trainer* tr, const int* x, const int* y, const int* doc, int accum, int last,
+                                  float* logits) {
     (void)last; // one process: no gradient exchange
+    tr->acts.doc = doc;
     return pdn_forward_backward(&tr->m, &tr->acts, x, y, accum, logits);
 }
 
@@ -1800,9 +1802,10 @@ static void tr_skip(Trainer* tr, long step) { (void)tr; (void)step; } // the par
 
 static double tr_step_end(Trainer* tr, int timed) { (void)timed; return wall_seconds() - tr->t0; }
 
-static double tr_eval_batch(Trainer* tr, const int* x, const int* y, long* count, long* hits) {
+static double tr_eval_batch(Trainer* tr, const int* x, const int* y, const int* doc, long* count, long* hits) {
     const Model* m = &tr->m;
     Acts* a = &tr->acts;
+    a->doc = doc;
     int Vv = m->cfg.vocab_size;
     const int* yr = acts_target_rows(a, y);
     pdn_forward(m, a, x, NULL);
