@@ -1295,11 +1295,10 @@ typedef struct GenState GenState;
 
 // A training step. tr_step_begin zeroes the gradients (and starts the step's clock). tr_forward_backward runs one
 // micro-batch (B*T tokens x and targets y, -1 where none; doc: the packed documents' starts (--doc-mask 1) or NULL):
-// its gradients accumulate, scaled by 1 / (its targets x
-// accum); returns its mean loss; last: the step's last micro-batch (the GPU then hands its gradients to the
-// reduce-scatter); logits, if not NULL, receives the (B*T, vocab) logits before the softmax. tr_grad_norm: the global
-// gradient norm (*loss in: this process's mean loss, out: the mean over every process; *stop in: whether this process
-// was asked to stop, out: whether any was). tr_update: AdamW with the gradients scaled by grad_scale, step 1-based;
+// its gradients accumulate, scaled by 1 / (its targets x accum); returns its mean loss; last: the step's last
+// micro-batch (the GPU then hands its gradients to the reduce-scatter); logits, if not NULL, receives the (B*T,
+// vocab) logits before the softmax. tr_grad_norm: the global gradient norm (*loss in: this process's mean loss, out:
+// the mean over every process; *stop in: whether this process was asked to stop, out: whether any was). tr_update: AdamW with the gradients scaled by grad_scale, step 1-based;
 // returns 1 if a parameter or moment is no longer finite (on any process). tr_skip: a step whose update is dropped
 // (the GPU derives the bf16 parameters of `step` again, as a resume from it would). tr_step_end: the step's time in
 // seconds (timed: not a warm-up step).
