@@ -3353,8 +3353,68 @@ static void doc_without_boundaries(const char* name, PdnConfig c, int chunk_form
     free(g0); acts_free(&a); model_free(&m);
 }
 
+// The GPU's encoding of packed documents on its chunk grid (doc_chunk_rel, train_common.h): a hand-worked window, then
+// random windows against the CPU reference's own definitions (chunk_prepare's same-document test and start-state
+// weight, end_weight's last document, doc_boundary, the convolution's taps), which the GPU kernels read from it.
+static void test_doc_chunk_rel(void) {
+    // DOC_STARTS_11 at chunks of 4 (Tp = 12; the padding takes the last token's value)
+    int doc[22];
+    signed char rel[24];
+    unsigned char conv[22];
+    docs_from_starts(doc, 2, 11, DOC_STARTS_11);
+    doc_chunk_rel(doc, 2, 11, 4, rel, conv);
+    const signed char want_rel[24] = {-1, -1, -1, -1, 0, 0, 0, 3, -1, 1, 2, 2, -1, 1, 2, 3, -1, -1, -1, -1, 0, 0, 0, 0};
+    const unsigned char want_conv[22] = {0, 1, 2, 3, 0, 1, 2, 0, 1, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 0, 1, 2};
+    CHECK(memcmp(rel, want_rel, sizeof rel) == 0 && memcmp(conv, want_conv, sizeof conv) == 0,
+          "doc_chunk_rel on DOC_STARTS_11 at chunks of 4 differs from the hand-worked values");
+    // random windows: documents of 1..40 tokens, and one longer than the convolution's cap of 255
+    Rng r;
+    rng_seed(&r, 77);
+    int bad = 0, total = 0;
+    for (int C = 16; C <= 64; C *= 2) {
+        const int B = 3, T = 300;
+        int Tp = (T + C - 1) / C * C, dd[B * T];
+        signed char rl[B * 320];
+        unsigned char cv[B * T];
+        for (int b = 0; b < B; b++) {
+            int cur = 0, next = b == 2 ? T : 1 + (int)rng_below(&r, 40); // row 2: one document (the cap)
+            for (int t = 0; t < T; t++) {
+                if (t == next) { cur = t; next = t + 1 + (int)rng_below(&r, 40); }
+                dd[b * T + t] = cur;
+            }
+        }
+        doc_chunk_rel(dd, B, T, C, rl, cv);
+        for (int b = 0; b < B; b++) {
+            for (int t0 = 0; t0 < T; t0 += C) {
+                int n = imin(C, T - t0);
+                const signed char* v = rl + (size_t)b * Tp + t0;
+                const int* ds = dd + (size_t)b * T + t0;
+                int cut = 0;
+                for (int i = 0; i < n; i++) { cut |= doc_boundary(dd, b, t0 + i, T); }
+                for (int i = 0; i < n; i++) {
+                    int sees = ds[i] < (t0 > 0 ? t0 : 1); // chunk_prepare's sees_s0
+                    bad += (v[i] == -1) != sees;
+                    bad += (v[i] == i) != doc_boundary(dd, b, t0 + i, T);
+                    bad += (v[i] == v[n - 1]) != (ds[i] == ds[n - 1]); // end_weight's last document
+                    for (int j = 0; j < n; j++) { bad += (v[i] == v[j]) != (ds[i] == ds[j]); }
+                    total += 3 + n;
+                }
+                bad += (v[n - 1] >= 0) != cut; // the start state stops at this chunk
+                for (int i = n; i < C; i++) { bad += v[i] != v[n - 1]; } // padding
+                total += 1 + C - n;
+            }
+            for (int t = 0; t < T; t++) { bad += cv[b * T + t] != imin(t - dd[b * T + t], 255); total++; }
+        }
+    }
+    CHECK(bad == 0, "doc_chunk_rel disagrees with the CPU reference's masks in %d of %d checks", bad, total);
+    printf("  the GPU's chunk values of packed documents: a hand-worked window, and %d checks on random windows against "
+           "the CPU reference's masks (same document, start state, last document, boundary, the convolution's reach)\n",
+           total);
+}
+
 static void run_doc_float_tests(void) {
     printf("packed documents (fp32):\n");
+    test_doc_chunk_rel();
     const char* variants[] = {"dn", "pdn", "gdn", "pgdn", "kda", "pkda"};
     for (int v = 0; v < 6; v++) {
         for (int form = 1; form >= 0; form--) {

@@ -1054,6 +1054,29 @@ static void data_docs_on(DataSource* ds, int eot) {
     ds->doc = (int*)mallocCheck((size_t)ds->B * ds->T * sizeof(int));
 }
 
+// The packed documents as the GPU's mixer reads them on its fixed grid of chunks of C (train_pdn.cu, ChunkShape.doc),
+// from doc (B, T): every token's document start in its row (train_pdn.c's doc). rel (B, Tp), Tp = T rounded up to
+// whole chunks: for each position t, the row of t's chunk where t's document starts if it starts inside that chunk,
+// else -1 (it came in from before the chunk, or it is the window's first: a row's start continues from the given
+// start state, as without documents). Positions t >= T (padding) take the last token's value. So, in one chunk: rows
+// i and j are in one document iff rel_i == rel_j; row i sees the chunk's start state iff rel_i == -1; the start
+// state reaches the next chunk iff rel of the last row is -1; row i is a document's first token iff rel_i == i.
+// conv (B, T): how many earlier tokens of its document each token has, capped at 255: the short convolution's taps
+// j <= conv[t] (reading t - j) stay inside the document.
+static void doc_chunk_rel(const int* doc, int B, int T, int C, signed char* rel, unsigned char* conv) {
+    int Tp = (T + C - 1) / C * C;
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < Tp; t++) {
+            int tt = t < T ? t : T - 1, d = doc[(size_t)b * T + tt], t0 = t / C * C;
+            rel[(size_t)b * Tp + t] = (signed char)(d > t0 || (d == t0 && t0 > 0) ? d - t0 : -1);
+        }
+        for (int t = 0; t < T; t++) {
+            int n = t - doc[(size_t)b * T + t];
+            conv[(size_t)b * T + t] = (unsigned char)(n < 255 ? n : 255);
+        }
+    }
+}
+
 // one micro-batch of this rank: x, y of B*T ints (and ds->doc with documents)
 static void data_next(DataSource* ds, int* x, int* y) {
     if (ds->kind == DATA_TEXT) { data_loader_batch(ds, &ds->train, x, y); return; }

@@ -824,7 +824,8 @@ __device__ __forceinline__ void conv_stage(floatX* zs, const floatX* z, const fl
 template <int CPL>
 __global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
                                                                           const floatX* w, const floatX* hist, int B, int T,
-                                                                          int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
+                                                                          int H, int D, int Dp, int cs, int Tp, int norm, float scale,
+                                                                          const unsigned char* dlen) {
     extern __shared__ float conv_smem[];
     float* ws = conv_smem;                         // (D, cs) the taps
     floatX* zs = (floatX*)(ws + D * cs);           // (CONV_TR + cs - 1, D): z[t0 - cs + 1 + r]
@@ -837,13 +838,14 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_forward_kernel(floatX*
     for (int t = t0 + warp; t < t1; t += nw) {
         float o[CPL], ss = 0.0f;
         long it = ((long)b * T + t) * Ch + h * D;
+        int taps = dlen ? min(cs, dlen[(long)b * T + t] + 1) : cs; // documents: only taps inside t's document
         #pragma unroll
         for (int u = 0; u < CPL; u++) {
             int c = lane + 32 * u;
             o[u] = 0.0f;
             if (c >= D) { continue; }
             float acc = 0.0f;
-            for (int j = 0; j < cs; j++) { acc += ws[c * cs + cs - 1 - j] * tof(zs[(t - t0 + cs - 1 - j) * D + c]); }
+            for (int j = 0; j < taps; j++) { acc += ws[c * cs + cs - 1 - j] * tof(zs[(t - t0 + cs - 1 - j) * D + c]); }
             floatX px = fromf<floatX>(acc);
             if (pre) { pre[it + c] = px; }
             float p = tof(px);
@@ -878,7 +880,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
                                                                            const float* __restrict__ rstd, const floatX* __restrict__ pre,
                                                                            const floatX* __restrict__ z, const floatX* __restrict__ w,
                                                                            int B, int T, int H, int D, int Dp, int cs, int Tp, int norm,
-                                                                           float scale, int ntiles) {
+                                                                           float scale, int ntiles, const unsigned char* dlen) {
     extern __shared__ float conv_smem[];
     int nr = CONV_TR + cs - 1;
     float* dps = conv_smem;                        // (nr, D): dpre[t0 + r], zero at and after T
@@ -899,6 +901,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
             int r = r0 + p * nw, t = t0 + r;
             bool ok = r < nr && t < T;
             long ob = (((long)b * H + h) * Tp + t) * Dp, tb = ((long)b * T + t) * Ch + h * D;
+            int taps = ok && dlen ? min(cs, dlen[(long)b * T + t] + 1) : cs; // documents: the forward's taps
             dot[p] = 0.0f;
             rr[p] = (ok && norm) ? rstd[((long)b * T + t) * H + h] : 1.0f;
             #pragma unroll
@@ -910,7 +913,7 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
                 if (pre) { pv[p][u] = in ? tof(pre[tb + c]) : 0.0f; }
                 else if (in) {
                     float acc = 0.0f; // the forward's sum, in its order
-                    for (int j = 0; j < cs; j++) { acc += ws[c * cs + cs - 1 - j] * tof(zs[(r + cs - 1 - j) * D + c]); }
+                    for (int j = 0; j < taps; j++) { acc += ws[c * cs + cs - 1 - j] * tof(zs[(r + cs - 1 - j) * D + c]); }
                     pv[p][u] = tof(fromf<floatX>(acc));
                 } else { pv[p][u] = 0.0f; }
                 dot[p] += dyv[p][u] * ov[p][u];
@@ -943,8 +946,9 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
             #pragma unroll
             for (int j = 0; j < CONV_CS_MAX; j++) {
                 if (j < cs) {
-                    acc += ws[c * cs + cs - 1 - j] * dps[(r + j) * D + c];
-                    dwr[j] += dp * tof(zs[(r + cs - 1 - j) * D + c]);
+                    // documents: token s + j reads s through tap j, and token s reads s - j, only inside their documents
+                    if (!dlen || (s + j < T && j <= dlen[(long)b * T + s + j])) { acc += ws[c * cs + cs - 1 - j] * dps[(r + j) * D + c]; }
+                    if (!dlen || j <= dlen[(long)b * T + s]) { dwr[j] += dp * tof(zs[(r + cs - 1 - j) * D + c]); }
                 }
             }
             dz[((long)b * T + s) * ldz + h * D + c] = fromf<floatX>(acc);
@@ -973,29 +977,30 @@ static size_t conv_smem_backward(int D, int cs) { // zs: room for the halo's z w
 }
 
 static void conv_norm_forward_tiles(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
-                                    int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
+                                    int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale,
+                                    const unsigned char* dlen = nullptr) {
     dim3 grid(B * H, cdiv(T, CONV_TR));
     size_t sm = conv_smem_forward(D, cs);
     int c = cdiv(D, 32);
-    if (c <= 1) { conv_norm_forward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale); }
-    else if (c <= 2) { conv_norm_forward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale); }
-    else if (c <= 4) { conv_norm_forward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale); }
-    else { conv_norm_forward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale); }
+    if (c <= 1) { conv_norm_forward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale, dlen); }
+    else if (c <= 2) { conv_norm_forward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale, dlen); }
+    else if (c <= 4) { conv_norm_forward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale, dlen); }
+    else { conv_norm_forward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale, dlen); }
     cudaCheck(cudaGetLastError());
 }
 
 static void conv_norm_backward_tiles(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd,
                                      const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int Dp,
-                                     int cs, int Tp, int norm, float scale) {
+                                     int cs, int Tp, int norm, float scale, const unsigned char* dlen = nullptr) {
     int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
     float* partial = colsum_partials(nch, Ch * cs);
     dim3 grid(B * H, ntiles);
     size_t sm = conv_smem_backward(D, cs);
     int c = cdiv(D, 32);
-    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles); }
-    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles); }
-    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles); }
-    else { conv_norm_backward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles); }
+    if (c <= 1) { conv_norm_backward_kernel<1><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles, dlen); }
+    else if (c <= 2) { conv_norm_backward_kernel<2><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles, dlen); }
+    else if (c <= 4) { conv_norm_backward_kernel<4><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles, dlen); }
+    else { conv_norm_backward_kernel<8><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, ntiles, dlen); }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
 }
@@ -1025,7 +1030,8 @@ __device__ __forceinline__ float group_sum(float v, int ng) {
 template <int CS, int NV>
 __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forward_vec_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
                                                                              const floatX* w, const floatX* hist, int B, int T,
-                                                                             int H, int D, int Dp, int Tp, int norm, float scale) {
+                                                                             int H, int D, int Dp, int Tp, int norm, float scale,
+                                                                             const unsigned char* dlen) {
     extern __shared__ float conv_smem[];
     float* ws = conv_smem;                         // (D, CS) the taps
     floatX* zs = (floatX*)(ws + D * CS);           // (CONV_TR + CS - 1, D): z[t0 - CS + 1 + r]
@@ -1050,8 +1056,10 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forwa
         #pragma unroll
         for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
         if (ok && act) {
+            int reach = dlen ? dlen[(long)b * T + t] : CS; // documents: taps j <= reach only
             #pragma unroll
             for (int j = 0; j < CS; j++) { // the taps in v2's order: z[t - j] with w[CS - 1 - j]
+                if (j > reach) { break; }
                 XV<NV> zr = *(const XV<NV>*)(zs + (tr + CS - 1 - j) * D + c0);
                 #pragma unroll
                 for (int u = 0; u < NV; u++) { acc[u] += wr[u][CS - 1 - j] * tof(zr.v[u]); }
@@ -1086,7 +1094,7 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
                                                                               const float* __restrict__ rstd, const floatX* __restrict__ pre,
                                                                               const floatX* __restrict__ z, const floatX* __restrict__ w,
                                                                               int B, int T, int H, int D, int Dp, int Tp, int norm, float scale,
-                                                                              int ntiles) {
+                                                                              int ntiles, const unsigned char* dlen) {
     extern __shared__ float conv_smem[];
     int nr = CONV_TR + CS - 1;
     float* dps = conv_smem;                        // (nr, D): dpre[t0 + r], zero at and after T; then the dw sums
@@ -1119,10 +1127,12 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
             if (pre) { xp = *(const XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0); }
             else {
                 float acc[NV];
+                int reach = dlen ? dlen[(long)b * T + t] : CS; // documents: the forward's taps
                 #pragma unroll
                 for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
                 #pragma unroll
                 for (int j = 0; j < CS; j++) { // the forward's sum, in its order
+                    if (j > reach) { break; }
                     XV<NV> zr = *(const XV<NV>*)(zs + (r + CS - 1 - j) * D + c0);
                     #pragma unroll
                     for (int u = 0; u < NV; u++) { acc[u] += wr[u][CS - 1 - j] * tof(zr.v[u]); }
@@ -1163,15 +1173,18 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
         ldvf<NV>(dp, dps + r * D + c0);
         #pragma unroll
         for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
+        int reach = dlen ? dlen[(long)b * T + s] : CS;
         #pragma unroll
         for (int j = 0; j < CS; j++) {
             float dn[NV];
             ldvf<NV>(dn, dps + (r + j) * D + c0);
             XV<NV> zr = *(const XV<NV>*)(zs + (r + CS - 1 - j) * D + c0);
+            // documents: token s + j reads s through tap j, and token s reads s - j, only inside their documents
+            bool in_next = !dlen || (s + j < T && j <= dlen[(long)b * T + s + j]), in_this = j <= reach;
             #pragma unroll
             for (int u = 0; u < NV; u++) {
-                acc[u] += wr[u][CS - 1 - j] * dn[u];
-                dwr[u][j] += dp[u] * tof(zr.v[u]);
+                if (in_next) { acc[u] += wr[u][CS - 1 - j] * dn[u]; }
+                if (in_this) { dwr[u][j] += dp[u] * tof(zr.v[u]); }
             }
         }
         XV<NV> xz;
@@ -1213,15 +1226,16 @@ template <int NV> static bool conv_vec_ok(int H, int D, int cs, std::initializer
 }
 template <int NV>
 static bool conv_norm_forward_vec(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
-                                 int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
+                                 int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale,
+                                 const unsigned char* dlen = nullptr) {
     if (!conv_vec_ok<NV>(H, D, cs, {pre, out, z, hist})) { return false; }
     dim3 grid(B * H, cdiv(T, CONV_TR));
     size_t sm = conv_smem_forward(D, cs);
     switch (cs) {
-        case 1: conv_norm_forward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale); break;
-        case 2: conv_norm_forward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale); break;
-        case 3: conv_norm_forward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale); break;
-        default: conv_norm_forward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale); break;
+        case 1: conv_norm_forward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen); break;
+        case 2: conv_norm_forward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen); break;
+        case 3: conv_norm_forward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen); break;
+        default: conv_norm_forward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen); break;
     }
     cudaCheck(cudaGetLastError());
     return true;
@@ -1229,34 +1243,38 @@ static bool conv_norm_forward_vec(floatX* pre, floatX* out, float* rstd, const f
 template <int NV>
 static bool conv_norm_backward_vec(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd,
                                   const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int Dp, int cs, int Tp,
-                                  int norm, float scale) {
+                                  int norm, float scale, const unsigned char* dlen = nullptr) {
     if (!conv_vec_ok<NV>(H, D, cs, {dz, dy, out, pre, z}) || ldz % 8 != 0) { return false; }
     int ntiles = cdiv(T, CONV_TR), nch = B * ntiles, Ch = H * D;
     float* partial = colsum_partials(nch, Ch * cs);
     dim3 grid(B * H, ntiles);
     size_t sm = conv_smem_backward(D, cs);
     switch (cs) {
-        case 1: conv_norm_backward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles); break;
-        case 2: conv_norm_backward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles); break;
-        case 3: conv_norm_backward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles); break;
-        default: conv_norm_backward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles); break;
+        case 1: conv_norm_backward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles, dlen); break;
+        case 2: conv_norm_backward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles, dlen); break;
+        case 3: conv_norm_backward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles, dlen); break;
+        default: conv_norm_backward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles, dlen); break;
     }
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
     return true;
 }
 
+// dlen (B, T) or null: packed documents, each token's earlier tokens in its document (doc_chunk_rel's conv): the taps
+// that would reach before its document's first token are left out, in both directions
 static void conv_norm_forward(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
-                              int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
-    if (!conv_norm_forward_vec<4>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale)) {
-        conv_norm_forward_tiles(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale);
+                              int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale,
+                              const unsigned char* dlen = nullptr) {
+    if (!conv_norm_forward_vec<4>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale, dlen)) {
+        conv_norm_forward_tiles(pre, out, rstd, z, w, hist, B, T, H, D, Dp, cs, Tp, norm, scale, dlen);
     }
 }
 // dz (token-major floatX, row stride ldz: a slice of the packed projection gradients) and dw += from dy (head-major fp32)
 static void conv_norm_backward(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd, const floatX* pre,
-                               const floatX* z, const floatX* w, int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale) {
-    if (!conv_norm_backward_vec<4>(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale)) {
-        conv_norm_backward_tiles(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale);
+                               const floatX* z, const floatX* w, int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale,
+                               const unsigned char* dlen = nullptr) {
+    if (!conv_norm_backward_vec<4>(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, dlen)) {
+        conv_norm_backward_tiles(dz, ldz, dw, dy, out, rstd, pre, z, w, B, T, H, D, Dp, cs, Tp, norm, scale, dlen);
     }
 }
 
@@ -2092,8 +2110,9 @@ __device__ float exact_key(const float* P, const floatX* krow, float* kv, float*
 // 3b. exact preconditioner (MODEL.md §5): one block per (b, h), P (K x K fp32) in shared memory, sequential over tokens.
 // Per token: w = P k, den = 1 + k·w, k̃ = w / den, P -= k̃ wᵀ. P at every chunk start goes to pstate (for the
 // backward); P0 / P_final (B,H,K,K) optional.
+// doc (ChunkShape.doc) or null: at a document's first token P restarts from I / ridge (after pstate took P)
 __global__ void precond_exact_forward_kernel(floatX* kt, float* pstate, const floatX* k, const float* P0, float* P_final,
-                                             int T, int Tp, int K, int C, int NC, float ridge) {
+                                             int T, int Tp, int K, int C, int NC, float ridge, const signed char* doc, int H) {
     extern __shared__ float sm[];
     float* P = sm;            // K*K
     float* w = P + K * K;     // K
@@ -2105,6 +2124,11 @@ __global__ void precond_exact_forward_kernel(floatX* kt, float* pstate, const fl
     for (int t = 0; t < T; t++) {
         long row = (long)bh * Tp + t;
         if (t % C == 0) { for (long e = threadIdx.x; e < KK; e += blockDim.x) { pstate[((long)bh * (NC + 1) + t / C) * KK + e] = P[e]; } }
+        if (doc && doc[(long)(bh / H) * Tp + t] == t % C) {
+            __syncthreads(); // pstate has read P
+            for (long e = threadIdx.x; e < KK; e += blockDim.x) { P[e] = e % (K + 1) == 0 ? 1.0f / ridge : 0.0f; }
+            __syncthreads();
+        }
         float den = exact_key(P, k + row * K, kv, w, K);
         for (int a = threadIdx.x; a < K; a += blockDim.x) { kt[row * K + a] = fromf<floatX>(w[a] / den); }
         for (long e = threadIdx.x; e < KK; e += blockDim.x) { P[e] -= (w[e / K] / den) * w[e % K]; }
@@ -2119,8 +2143,9 @@ __global__ void precond_exact_forward_kernel(floatX* kt, float* pstate, const fl
 
 // backward: chunk by chunk in reverse, recompute P_{t-1} for the chunk's tokens into pbuf (global scratch,
 // (C+1) K*K per head), then the adjoint of each Sherman-Morrison step; dP (K x K) lives in shared memory
+// doc or null: at a document's first token P_{t-1} was I / ridge, a constant: dP is not carried past it
 __global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const float* dkt, const floatX* k, const float* pstate,
-                                              int T, int Tp, int K, int C, int NC) {
+                                              int T, int Tp, int K, int C, int NC, float ridge, const signed char* doc, int H) {
     extern __shared__ float sm[];
     float* dP = sm;           // K*K
     float* w = dP + K * K;    // K
@@ -2138,8 +2163,12 @@ __global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const floa
         int t0 = ch * C, n = min(C, T - t0);
         for (long e = threadIdx.x; e < KK; e += blockDim.x) { Pb[e] = pstate[((long)bh * (NC + 1) + ch) * KK + e]; }
         __syncthreads();
-        for (int i = 0; i < n; i++) { // forward over the chunk: Pb[i+1] = step(Pb[i])
+        for (int i = 0; i < n; i++) { // forward over the chunk: Pb[i+1] = step(Pb[i]), Pb[i] first reset at a boundary
             long row = (long)bh * Tp + t0 + i;
+            if (doc && doc[(long)(bh / H) * Tp + t0 + i] == i) {
+                for (long e = threadIdx.x; e < KK; e += blockDim.x) { Pb[i * KK + e] = e % (K + 1) == 0 ? 1.0f / ridge : 0.0f; }
+                __syncthreads();
+            }
             const float* P = Pb + i * KK;
             float den = exact_key(P, k + row * K, kv, w, K);
             for (long e = threadIdx.x; e < KK; e += blockDim.x) { Pb[(i + 1) * KK + e] = P[e] - (w[e / K] / den) * w[e % K]; }
@@ -2175,7 +2204,8 @@ __global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const floa
                 for (int a = 0; a < K; a++) { s += P[a * K + c] * dw[a]; }
                 dk[row * K + c] += s;
             }
-            for (long e = threadIdx.x; e < KK; e += blockDim.x) { dP[e] += dw[e / K] * kv[e % K]; }
+            bool cut = doc && doc[(long)(bh / H) * Tp + t0 + i] == i;
+            for (long e = threadIdx.x; e < KK; e += blockDim.x) { dP[e] = cut ? 0.0f : dP[e] + dw[e / K] * kv[e % K]; }
             __syncthreads();
         }
     }
@@ -2190,7 +2220,21 @@ __global__ void precond_exact_backward_kernel(float* dk, float* pbuf, const floa
 //   O = Qg S + P V',   S_next = e^G_n ⊙ S + Kdᵀ V'
 // (the CPU reference solves (I + A) V' = diag(beta)(V - (K̂ ⊙ e^G) S) by substitution: the same V'.)
 
-struct ChunkShape { int B, H, T, Tp, C, NC, K, V, gk; long nq; }; // gk: 0 none, 1 scalar, K channel; nq = B*H*NC
+// gk: 0 none, 1 scalar, K channel; nq = B*H*NC. doc: packed documents (--doc-mask 1), else null: (B, Tp) per padded
+// position, the row of its chunk where its document starts, or -1 (doc_chunk_rel in train_common.h says what follows
+// from it). Every mask of train_pdn.c's chunk form comes from these values: the scores across documents are zero, the
+// start state reaches only the rows before the chunk's first boundary (Qg, and W through X, zero after it), only the
+// chunk's last document writes the next state (Kd zero before it) and the start state's decay into it is zero where
+// the chunk holds a boundary. The masks are constants, so the backward's identities (dG, dbeta) hold term by term.
+struct ChunkShape { int B, H, T, Tp, C, NC, K, V, gk; long nq; const signed char* doc; };
+// the C document values of chunk q (b, h, chunk), or null without documents
+__device__ __forceinline__ const signed char* chunk_docs(const ChunkShape& s, long q) {
+    return s.doc ? s.doc + q / ((long)s.H * s.NC) * s.Tp + q % s.NC * s.C : nullptr;
+}
+// whether chunk q holds a document boundary (its start state then does not reach the next chunk)
+__device__ __forceinline__ bool chunk_cut(const ChunkShape& s, long q) {
+    return s.doc && s.doc[q / ((long)s.H * s.NC) * s.Tp + q % s.NC * s.C + s.C - 1] >= 0;
+}
 
 // G (cumsum, hm (rows, gw) fp32), X, Y, Qg, Kd (hm floatX). One block per chunk; VEC floatX per access (16 bytes
 // where the widths allow: this kernel only moves memory).
@@ -2213,17 +2257,21 @@ __global__ void chunk_prep_kernel(float* __restrict__ G, floatX* __restrict__ X,
         __syncthreads();
         for (int e = threadIdx.x; e < C * gw; e += blockDim.x) { G[r0 * gw + e] = Gs[e]; }
     }
+    const signed char* dc = chunk_docs(s, q);
     #pragma unroll 2
     for (int e = threadIdx.x * VEC; e < C * K; e += blockDim.x * VEC) {
         int i = e / K, j0 = e % K;
         float b = beta[r0 + i], eg_row = 1.0f, ed_row = 1.0f; // a scalar decay: one factor pair per row
         if (s.gk && !chan) { float gi = Gs[i]; eg_row = expf(gi); ed_row = expf(Gs[C - 1] - gi); }
+        bool sees = !dc || dc[i] < 0, last = !dc || dc[i] == dc[C - 1]; // documents: row i sees S; it writes the next
         long idx = (r0 + i) * K + j0;
         Pk qv = *(const Pk*)(Q + idx), khv = *(const Pk*)(Kh + idx), ktv = *(const Pk*)(Kt + idx), xo, qo, ko;
         #pragma unroll
         for (int u = 0; u < VEC; u++) {
             float eg = eg_row, ed = ed_row;
             if (chan) { float gi = Gs[i * gw + j0 + u]; eg = expf(gi); ed = expf(Gs[(C - 1) * gw + j0 + u] - gi); }
+            eg = sees ? eg : 0.0f;
+            ed = last ? ed : 0.0f;
             xo.v[u] = fromf<floatX>(b * tof(khv.v[u]) * eg);
             qo.v[u] = fromf<floatX>(tof(qv.v[u]) * eg);
             ko.v[u] = fromf<floatX>(tof(ktv.v[u]) * ed);
@@ -2267,6 +2315,8 @@ __global__ void scores_mask_kernel(float* Mk, float* A, floatX* P, const float* 
     long q = e / (C * C);
     int i = (int)(e % (C * C)) / C, j = (int)(e % C);
     float E = (s.gk && j <= i) ? expf(G[q * C + i] - G[q * C + j]) : 1.0f; // never above the diagonal: overflow
+    const signed char* dc = chunk_docs(s, q);
+    if (dc && dc[i] != dc[j]) { E = 0.0f; } // documents: no score across a boundary
     float m = j < i ? Mraw[e] * E : 0.0f;
     Mk[e] = m;
     A[e] = beta[q * C + i] * m;
@@ -2315,6 +2365,7 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
     float *q_s = sm, *kh_s = q_s + C * ld, *kt_s = kh_s + C * ld, *g_s = kt_s + C * ld;
     float *bh = g_s + C * ld, *ah = bh + SUB * ld, *qh = ah + SUB * ld;
     long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
+    const signed char* dc = chunk_docs(s, q); // documents: no score across a boundary
     chunk_rows_to_smem(q_s, kh_s, kt_s, g_s, Q, Kh, Kt, G, r0, C, K, ld);
     __syncthreads();
     // blocks above the diagonal are zero; diagonal blocks by direct per-channel decays
@@ -2323,7 +2374,7 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
         if (j / SUB > i / SUB) { Mk[o0 + e] = 0.0f; A[o0 + e] = 0.0f; P[o0 + e] = fromf<floatX>(0.0f); continue; }
         if (j / SUB < i / SUB) { continue; }
         float m = 0.0f, p = 0.0f;
-        if (j <= i) {
+        if (j <= i && (!dc || dc[i] == dc[j])) {
             for (int c = 0; c < K; c++) {
                 float ex = expf(g_s[i * ld + c] - g_s[j * ld + c]) * kt_s[j * ld + c];
                 m += kh_s[i * ld + c] * ex;
@@ -2347,6 +2398,7 @@ __global__ void scores_channel_kernel(float* Mk, float* A, floatX* P, const floa
                 int i = e / SUB, j = e % SUB;
                 float m = 0.0f, p = 0.0f;
                 for (int c = 0; c < K; c++) { m += ah[i * ld + c] * bh[j * ld + c]; p += qh[i * ld + c] * bh[j * ld + c]; }
+                if (dc && dc[I * SUB + i] != dc[J * SUB + j]) { m = 0.0f; p = 0.0f; }
                 long o = o0 + (long)(I * SUB + i) * C + J * SUB + j;
                 Mk[o] = m;
                 A[o] = beta[r0 + I * SUB + i] * m;
@@ -2460,11 +2512,12 @@ __global__ void state_forward_kernel(floatX* hstate, floatX* Vn, const floatX* W
         __syncthreads();
         for (int e = threadIdx.x; e < C * K; e += blockDim.x) { Ws[(e / K) * ldw + e % K] = tof(Kd[r0 * K + e]); }
         __syncthreads();
-        // S = e^G_last ⊙ S + Kdᵀ V'
+        // S = e^G_last ⊙ S + Kdᵀ V' (documents: no e^G_last S across a boundary in the chunk)
+        bool cut = chunk_cut(s, q);
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
             int a = e / SCAN_BV, c = e % SCAN_BV;
             float gl = s.gk ? G[(r0 + C - 1) * gw + (gw > 1 ? a : 0)] : 0.0f;
-            float acc = expf(gl) * S[e];
+            float acc = (cut ? 0.0f : expf(gl)) * S[e];
             for (int i = 0; i < C; i++) { acc += Ws[i * ldw + a] * Vp[i * SCAN_BV + c]; }
             S[e] = acc;
         }
@@ -2521,11 +2574,12 @@ __global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float*
             Ns[(e / K) * ldw + e % K] = tof(W[r0 * K + e]);
         }
         __syncthreads();
-        // dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV'
+        // dS = e^G_last ⊙ dS + Qgᵀ dO - Wᵀ dV' (documents: as the forward's decay)
+        bool cut = chunk_cut(s, q);
         for (int e = threadIdx.x; e < K * SCAN_BV; e += blockDim.x) {
             int a = e / SCAN_BV, c = e % SCAN_BV;
             float gl = s.gk ? G[(r0 + C - 1) * gw + (gw > 1 ? a : 0)] : 0.0f;
-            float acc = expf(gl) * dS[e];
+            float acc = (cut ? 0.0f : expf(gl)) * dS[e];
             for (int i = 0; i < C; i++) { acc += Ms[i * ldw + a] * dOs[i * SCAN_BV + c] - Ns[i * ldw + a] * dVp[i * SCAN_BV + c]; }
             dS[e] = acc;
         }
@@ -2830,7 +2884,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
     }
     for (int ch = lo; ch < hi; ch++) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
-        bool more = ch + 1 < hi;
+        bool more = ch + 1 < hi, cut = chunk_cut(s, q); // cut: documents, a boundary in the chunk (read well before use)
         if (NS == 2) { use_stage((ch - lo) % 2); } // (NS = 1: buffer 0 throughout)
         float* dec = Gl + gw; // the chunk's decay factor (one, or one per state row; 1 for no decay)
         __pipeline_wait_prior(1); // NS = 1: this chunk's W, Qg; NS = 2: all of this chunk's operands
@@ -2862,7 +2916,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
             *(uint4*)(Vb + i * SCAN_PADV(BV) + c) = o;
             if (outs) { *(uint4*)(Vn + (r0 + i) * V + v0 + c) = o; }
         }
-        for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
+        for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = cut ? 0.0f : s.gk ? expf(Gl[a]) : 1.0f; }
         if (gw > 1) { // channel decay: scale the rows of S here (a WMMA fragment does not say which row an element is)
             __syncthreads();
             for (int e = threadIdx.x; e < K * BV / 4; e += blockDim.x) {
@@ -3117,7 +3171,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     }
     for (int ch = hi - 1; ch >= lo; ch--) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
-        bool more = ch > lo;
+        bool more = ch > lo, cut = chunk_cut(s, q); // as in the forward
         if (NS == 2) { use_stage((hi - 1 - ch) % 2); }
         float* dec = Gl + gw; // the chunk's decay factor (one, or one per state row; 1 for no decay)
         const __nv_bfloat16* dOs = dOb + dO_slot(ch);
@@ -3139,7 +3193,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             *(uint4*)(Vb + row * SCAN_PADV(BV) + c) = o;
             if (outs) { *(uint4*)(dVn + (r0 + row) * V + v0 + c) = o; }
         }
-        for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = s.gk ? expf(Gl[a]) : 1.0f; }
+        for (int a = threadIdx.x; a < gw; a += blockDim.x) { dec[a] = cut ? 0.0f : s.gk ? expf(Gl[a]) : 1.0f; }
         if (NS == 1) { __pipeline_wait_prior(0); } // this chunk's Qg, W
         __syncthreads();
         if (NS == 1) {
@@ -3303,14 +3357,15 @@ __device__ __forceinline__ void sc_stage_x(__nv_bfloat16* d, const floatX* X, lo
 // loads was 20-30% of the backward scores kernels' time, Nsight Compute, kda-340m, H200, 2026-12-03)
 #define SC_BATCH 4
 __device__ __forceinline__ void sc_stage_dpdm(__nv_bfloat16* dpx, __nv_bfloat16* dmx, float* dpd, float* dmd, const float* dP,
-                                              const float* dA, const float* beta, long q, long r0, int C) {
+                                              const float* dA, const float* beta, const signed char* dc, long q, long r0,
+                                              int C) {
     int lc = SC_LC(C);
     for (int e0 = threadIdx.x; e0 < C * C; e0 += SC_BATCH * blockDim.x) {
         float p[SC_BATCH], a[SC_BATCH], b[SC_BATCH];
         #pragma unroll
         for (int t = 0; t < SC_BATCH; t++) {
             int e = e0 + t * blockDim.x, i = e / C, j = e % C;
-            bool in = e < C * C;
+            bool in = e < C * C && (!dc || dc[i] == dc[j]); // documents: the forward's mask
             p[t] = in && j <= i ? dP[q * C * C + e] : 0.0f;
             a[t] = in && j < i ? dA[q * C * C + e] : 0.0f;
             b[t] = in ? beta[r0 + i] : 0.0f;
@@ -3341,6 +3396,7 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk
     float* oM = (float*)p;                   p += scan_align((size_t)SUB * C * 4); // rows of I: Mk
     float* oP = (float*)p;                                                          // rows of I: P
     long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
+    const signed char* dc = chunk_docs(s, q);
     sc_stage_g(g_s, G, r0, C, K);
     sc_stage_x(kt_s, Kt, r0, C, K);
     for (int I = 0; I < nb; I++) {
@@ -3402,9 +3458,11 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk
         for (int e = threadIdx.x; e < SUB * C; e += blockDim.x) {
             int row = f + e / C;
             long o = o0 + (long)row * C + e % C;
-            Mk[o] = oM[e];
-            A[o] = beta[r0 + row] * oM[e];
-            P[o] = fromf<floatX>(oP[e]);
+            bool cross = dc && dc[row] != dc[e % C]; // documents: no score across a boundary
+            float m = cross ? 0.0f : oM[e];
+            Mk[o] = m;
+            A[o] = beta[r0 + row] * m;
+            P[o] = fromf<floatX>(cross ? 0.0f : oP[e]);
         }
     }
 }
@@ -3464,9 +3522,11 @@ __global__ void __launch_bounds__(SS_THREADS) scores_scalar_tc_kernel(float* Mk,
         wmma::store_matrix_sync((t < nt ? Ms : Ps) + 16 * I * ld + 16 * J, acc[k], ld, wmma::mem_row_major);
     }
     __syncthreads();
+    const signed char* dc = chunk_docs(s, q);
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) { // only j <= i was computed; nothing above is read
         int i = e / C, j = e % C;
         float E = (s.gk && j <= i) ? expf(gs[i] - gs[j]) : 1.0f; // never above the diagonal: overflow
+        if (dc && dc[i] != dc[j]) { E = 0.0f; } // documents: no score across a boundary
         float m = j < i ? Ms[i * ld + j] * E : 0.0f;
         if (Mk) { Mk[o0 + e] = m; } // the trainer's backward makes it again (bwd_scores_scalar_tc_kernel)
         P[o0 + e] = fromf<floatX>(j <= i ? Ps[i * ld + j] * E : 0.0f);
@@ -3521,11 +3581,13 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
         wmma::store_matrix_sync(Ms + 16 * I * ld + 16 * J, acc, ld, wmma::mem_row_major);
     }
     __syncthreads();
+    const signed char* dc = chunk_docs(s, q);
     for (int i = warp; i < C; i += nw) { // a warp per row, lanes over j: the same order of the dbetaA sum as the mask kernel
         float b = beta[r0 + i], db = 0.0f;
         for (int j = lane; j < C; j += 32) {
             long e = o0 + (long)i * C + j;
             float E = (s.gk && j <= i) ? expf(gs[i] - gs[j]) : 1.0f; // never above the diagonal: overflow
+            if (dc && dc[i] != dc[j]) { E = 0.0f; } // documents: the forward's mask
             dPx[i * lc + j] = __float2bfloat16(j <= i ? dP[e] * E : 0.0f);
             float da = j < i ? dA[e] : 0.0f;
             float mk = j < i ? Ms[i * ld + j] * E : 0.0f; // the forward's Mk (only tiles I >= J were made)
@@ -3577,7 +3639,7 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float*
     long q = blockIdx.x, r0 = q * C;
     sc_stage_g(g_s, G, r0, C, K);
     sc_stage_x(kt_s, Kt, r0, C, K);
-    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, q, r0, C);
+    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, chunk_docs(s, q), q, r0, C);
     for (int i0 = warp; i0 < C; i0 += 8 * SC_BATCH) { // dbetaA, a warp per row, SC_BATCH rows' loads in flight
         float da[SC_BATCH][2], mk[SC_BATCH][2];
         static_assert(GPU_CHUNK_MAX <= 64, "dbetaA's rows are read as two 32-column halves");
@@ -3668,7 +3730,7 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float
     sc_stage_g(g_s, G, r0, C, K);
     sc_stage_x(q_s, Q, r0, C, K);
     sc_stage_x(kh_s, Kh, r0, C, K);
-    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, q, r0, C);
+    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, chunk_docs(s, q), q, r0, C);
     for (int J = 0; J < nb; J++) {
         int r = J * SUB + SUB - 1;
         FragC acc[2];
@@ -3719,11 +3781,13 @@ __global__ void bwd_scores_mask_kernel(floatX* dPm, floatX* dMm, float* dbetaA, 
     if (row >= s.nq * C) { return; }
     long q = row / C;
     int i = (int)(row % C);
+    const signed char* dc = chunk_docs(s, q);
     float b = beta[row], db = 0.0f;
     for (int j = lane; j < C; j += 32) {
         long e = row * C + j;
         // E only inside the mask: above the diagonal G_i - G_j > 0 and exp can overflow (0 * inf = NaN)
         float E = (s.gk && j <= i) ? expf(G[row] - G[q * C + j]) : 1.0f;
+        if (dc && dc[i] != dc[j]) { E = 0.0f; } // documents: the forward's mask
         dPm[e] = fromf<floatX>(j <= i ? dP[e] * E : 0.0f);
         float da = j < i ? dA[e] : 0.0f;
         db += da * Mk[e];
@@ -3747,10 +3811,12 @@ __global__ void scores_channel_backward_kernel(float* dq_s, float* dkh_s, float*
     float *bh = dm_s + C * C, *ah = bh + SUB * ld, *qh = ah + SUB * ld;
     long q = blockIdx.x, r0 = q * C;
     chunk_rows_to_smem(q_s, kh_s, kt_s, g_s, Q, Kh, Kt, G, r0, C, K, ld);
+    const signed char* dc = chunk_docs(s, q);
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) {
         int i = e / C, j = e % C;
-        dp_s[e] = j <= i ? dP[q * C * C + e] : 0.0f;
-        dm_s[e] = j < i ? beta[r0 + i] * dA[q * C * C + e] : 0.0f;
+        bool in = !dc || dc[i] == dc[j]; // documents: the forward's mask
+        dp_s[e] = in && j <= i ? dP[q * C * C + e] : 0.0f;
+        dm_s[e] = in && j < i ? beta[r0 + i] * dA[q * C * C + e] : 0.0f;
     }
     __syncthreads();
     for (int i = threadIdx.x; i < C; i += blockDim.x) { // dbeta from A = beta Mk, one thread per row
@@ -3837,12 +3903,14 @@ __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dk
     float* hsum = rows + C;      // K: Σ_v dS ⊙ S per state row
     long q = blockIdx.x, r0 = q * C;
     int n1 = C - 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const signed char* dc = chunk_docs(s, q); // documents: the forward's masks on e^G (S's rows) and exp(G_n - G) (Kd's)
     #pragma unroll 2
     for (int e = threadIdx.x * VEC; e < C * K; e += blockDim.x * VEC) {
         int i = e / K, c0 = e % K;
         long idx = (r0 + i) * K + c0;
         float b = beta[r0 + i], bsum = 0.0f, eg_row = 1.0f, ed_row = 1.0f; // a scalar decay: one factor pair per row
         if (s.gk && !chan) { float gi = G[r0 + i]; eg_row = expf(gi); ed_row = expf(G[r0 + n1] - gi); }
+        bool sees = !dc || dc[i] < 0, last = !dc || dc[i] == dc[n1];
         F4 vq = *(const F4*)(dQg + idx), vqs = *(const F4*)(dq_s + idx), vkd = *(const F4*)(dKd + idx);
         F4 vkts = *(const F4*)(dkt_s + idx), vx = *(const F4*)(dX + idx), vkhs = *(const F4*)(dkh_s + idx);
         X4 xq = *(const X4*)(Q + idx), xkh = *(const X4*)(Kh + idx), xkt = *(const X4*)(Kt + idx);
@@ -3855,6 +3923,8 @@ __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dk
                 eg = expf(gi);
                 ed = expf(G[(r0 + n1) * gw + c0 + u] - gi);
             }
+            eg = sees ? eg : 0.0f;
+            ed = last ? ed : 0.0f;
             float qv = tof(xq.v[u]), khv = tof(xkh.v[u]), ktv = tof(xkt.v[u]);
             float dqv = vq.v[u] * eg + vqs.v[u];
             float dkd = vkd.v[u] * ed;
@@ -3930,10 +4000,11 @@ __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dk
         }
     }
     __syncthreads();
+    bool cut = dc && dc[n1] >= 0; // documents: S reached the next chunk only without a boundary in this one
     for (int a = threadIdx.x; a < K; a += blockDim.x) {
         float kx = 0.0f;
         for (int i = 0; i < C; i++) { kx += Kx[i * K + a]; }
-        extra[a] = kx + expf(G[(r0 + n1) * gw + (chan ? a : 0)]) * hsum[a];
+        extra[a] = kx + (cut ? 0.0f : expf(G[(r0 + n1) * gw + (chan ? a : 0)])) * hsum[a];
     }
     __syncthreads();
     if (chan) {
@@ -3990,10 +4061,13 @@ __global__ void __launch_bounds__(32 * FIN_WARPS) bwd_finish_rows_kernel(
     const int K = 128, V = 128;
     int C = s.C, n1 = C - 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     long q = blockIdx.x, r0 = q * C;
+    const signed char* dc = chunk_docs(s, q); // documents: the forward's masks, as in bwd_finish_kernel
     float kxa[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = warp; i < C; i += FIN_WARPS) {
         float b = beta[r0 + i], eg = 1.0f, ed = 1.0f, gsum = 0.0f, bsum = 0.0f;
         if (s.gk) { float gi = G[r0 + i]; eg = expf(gi); ed = expf(G[r0 + n1] - gi); }
+        if (dc && dc[i] >= 0) { eg = 0.0f; }
+        if (dc && dc[i] != dc[n1]) { ed = 0.0f; }
         {
             long idx = (r0 + i) * K + 4 * lane;
             F4 vq = *(const F4*)(dQg + idx), vqs = *(const F4*)(dq_s + idx), vkd = *(const F4*)(dKd + idx);
@@ -4047,7 +4121,7 @@ __global__ void __launch_bounds__(32 * FIN_WARPS) bwd_finish_rows_kernel(
     if (warp != 0) { return; }
     // the last row's extra term summed over channels, then dg = the reverse cumsum of dG over the rows: lane l owns
     // rows l*per .. l*per+per-1 (an inclusive suffix sum over the lanes carries the later rows' total)
-    float egn = expf(G[r0 + n1]), tot = 0.0f;
+    float egn = dc && dc[n1] >= 0 ? 0.0f : expf(G[r0 + n1]), tot = 0.0f;
     for (int a = lane; a < K; a += 32) {
         float kx = 0.0f;
         for (int w = 0; w < FIN_WARPS; w++) { kx += kxp[w][a]; }
@@ -4313,6 +4387,7 @@ static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0
     auto scan_kernel = bv == 16 ? (ns == 2 ? state_forward_wmma_kernel<2, 16> : state_forward_wmma_kernel<1, 16>)
                                 : (ns == 2 ? state_forward_wmma_kernel<2, 32> : state_forward_wmma_kernel<1, 32>);
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_FWD, K = s.K, V = s.V;
+    if (ng > 1 && s.doc) { fail(EXIT_SYSTEM, "the two-level scans do not take packed documents (a kernel-lab setting)"); }
     if (ng <= 1) {
         scan_kernel<<<dim3(V / bv, BH), nt, sm, main_stream>>>(
             sv->hstate, sv->Vn, sv->O, sc->W, sc->U, sc->Kd, sc->Qg, sv->P, sv->G, S0, S_final, s, SCAN_SEQ);
@@ -4340,6 +4415,7 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
     auto scan_kernel = bv == 16 ? (ns == 2 ? state_backward_wmma_kernel<2, 16> : state_backward_wmma_kernel<1, 16>)
                                 : (ns == 2 ? state_backward_wmma_kernel<2, 32> : state_backward_wmma_kernel<1, 32>);
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_BWD, K = s.K, V = s.V;
+    if (ng > 1 && s.doc) { fail(EXIT_SYSTEM, "the two-level scans do not take packed documents (a kernel-lab setting)"); }
     if (ng <= 1) {
         scan_kernel<<<dim3(V / bv, BH), nt, sm, main_stream>>>(
             sc->dhstate, sc->dVn, sv->P, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, nullptr, s, SCAN_SEQ);
@@ -5364,6 +5440,12 @@ struct Acts {
     floatX* lnf_rows;             // (M, d) those rows of lnf: aliases ymix, which is free from the last layer's
                                   // residual add until the classifier's backward is done
     int *tokens, *targets;        // (N) device copies of the batch
+    // packed documents (--doc-mask 1; allocated with docs, set per batch by acts_docs): cs.doc points at doc while the
+    // batch has them (else null); doc_h, dlen_h their host copies (doc_chunk_rel)
+    signed char* doc = nullptr;   // (B, Tp) each position's document start in its chunk, or -1
+    unsigned char* dlen = nullptr; // (N) each token's earlier tokens in its document (the short convolution's reach)
+    float* gpm = nullptr;         // hm (rows) the preconditioner's gP with -inf at documents' first tokens (doc_gate)
+    std::vector<signed char> doc_h; std::vector<unsigned char> dlen_h;
     MixerScratch sc;
     int with_grads;
     GradBufs gb;
@@ -5417,7 +5499,8 @@ static void mixer_scratch_grads_add(Arena& ar, MixerScratch* sc, const ChunkShap
     ar.add(&sc->dq_s, rows * K); ar.add(&sc->dkh_s, rows * K); ar.add(&sc->dkt_s, rows * K);
 }
 
-static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompute) {
+// docs: room for packed documents (acts_docs)
+static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompute, int docs = 0) {
     const PdnConfig* c = &m->cfg;
     Acts a;
     a.B = B; a.T = T; a.with_grads = with_grads; a.recompute = with_grads && recompute;
@@ -5426,7 +5509,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     int d = c->d_model, H = c->n_head, K = c->head_k, V = pdn_head_v(c), I = c->mlp_hidden, L = c->n_layer;
     int gk = pdn_decay_width(c), gw = gk ? gk : 1, HK = H * K, HV = H * V;
     int Kp = mixer_pad(K), Vp = mixer_pad(V), gwp = gk > 1 ? Kp : 1; // head-major widths (mixer_pad)
-    a.cs = ChunkShape{B, H, T, Tp, C, NC, Kp, Vp, gk > 1 ? Kp : gk, (long)B * H * NC};
+    a.cs = ChunkShape{B, H, T, Tp, C, NC, Kp, Vp, gk > 1 ? Kp : gk, (long)B * H * NC, nullptr};
     a.side = with_grads && layerset_count(&c->attn_layers) < c->n_layer && bwd_side_for(B, H, Vp);
     if (a.side) { side_setup(); } // its stream and GEMM workspace now, before the memory is counted
     a.ip = in_proj_layout(&m->lay);
@@ -5480,6 +5563,8 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     ar.add(&a.ymix, N * d); ar.add(&a.ymlp, N * d);
     ar.add(&a.tokens, N); ar.add(&a.targets, N);
     ar.add(&a.rows, N); ar.add(&a.slot, N); ar.add(&a.row_y, N);
+    if (docs) { ar.add(&a.doc, (long)B * Tp); ar.add(&a.dlen, N); }
+    if (docs && diag) { ar.add(&a.gpm, rows); }
     mixer_scratch_add(ar, &a.sc, a.cs, diag, plan);
     GradBufs& g = a.gb;
     memset(&g, 0, sizeof(g));
@@ -5978,6 +6063,40 @@ static void attn_layer_backward(Model* m, Acts* a, int l) {
 // One layer from its ln1 (in a->ln) to the MLP's activation (a->ma) and, unless for_backward (the backward's
 // recompute needs no W_down output), the MLP's output a->ymlp. Writes the layer's LayerActs.
 // the diagonal preconditioner: k̃ and the statistic of layer l (la.kt, la.astat) from its k̂ and gates
+// Packed documents: the diagonal preconditioner's statistic restarts from 0 at a document's first token, which is its
+// recurrence a_t = exp(gP_t) a_{t-1} + u_t with the decay exp(gP_t) = 0 there. So its scans run unchanged on a copy of
+// gP with -inf at those tokens: every exp of a sum through one is 0, and the backward's dgP there, exp(gP_t) times a
+// finite sum, is 0 as the CPU reference's is (the gate's own backward reads the true gP with it).
+__global__ void doc_gate_kernel(float* out, const float* gp, ChunkShape s) {
+    long r = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= s.nq * s.C) { return; }
+    int i = (int)(r % s.C);
+    out[r] = chunk_docs(s, r / s.C)[i] == i ? -INFINITY : gp[r];
+}
+// layer l's gP as the preconditioner's scans read it: la.gp, or with documents its copy from doc_gate_kernel
+static const float* doc_gate(Acts* a, const LayerActs& la) {
+    if (!a->cs.doc) { return la.gp; }
+    long rows = a->cs.nq * a->cs.C;
+    doc_gate_kernel<<<cdiv(rows, 256), 256, 0, main_stream>>>(a->gpm, la.gp, a->cs);
+    cudaCheck(cudaGetLastError());
+    return a->gpm;
+}
+
+// The batch's packed documents (doc (B, T), train_pdn.c's), or none (null): their chunk values and the convolution's
+// reach (doc_chunk_rel) on the device, and cs.doc set or cleared, for every kernel that takes the shape
+static void acts_docs(Acts* a, const int* doc) {
+    a->cs.doc = nullptr;
+    if (!doc) { return; }
+    if (!a->doc) { fail(EXIT_SYSTEM, "internal: packed documents without their buffers (acts_alloc's docs)"); }
+    a->doc_h.resize((size_t)a->B * a->Tp);
+    a->dlen_h.resize((size_t)a->B * a->T);
+    doc_chunk_rel(doc, a->B, a->T, a->cs.C, a->doc_h.data(), a->dlen_h.data());
+    // the host vectors live in Acts, so the copies may still be in flight when this returns
+    cudaCheck(cudaMemcpyAsync(a->doc, a->doc_h.data(), a->doc_h.size(), cudaMemcpyHostToDevice, main_stream));
+    cudaCheck(cudaMemcpyAsync(a->dlen, a->dlen_h.data(), a->dlen_h.size(), cudaMemcpyHostToDevice, main_stream));
+    a->cs.doc = a->doc;
+}
+
 static void precond_layer_forward(const Model* m, Acts* a, int l, RecState* rs) {
     const PdnConfig* c = &m->cfg;
     const PdnLayout* lay = &m->lay;
@@ -5986,8 +6105,8 @@ static void precond_layer_forward(const Model* m, Acts* a, int l, RecState* rs) 
     float* a0 = rs ? rs->a + (long)l * rs->B * H * Kp : nullptr; // (the padded channels: zero keys, statistic and k̃)
     PrecondBufs pb = a->sc.pc;
     pb.astat = la.astat;
-    precond_diag_forward(la.kt, pb, la.kn, la.gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, a->B, H, a->NC, m->C, Kp,
-                         c->squash_x, c->precond_eps);
+    precond_diag_forward(la.kt, pb, la.kn, doc_gate(a, la), la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, a->B, H, a->NC, m->C,
+                         Kp, c->squash_x, c->precond_eps);
 }
 
 // the output norm of layer l's mixer output, times the output gate if the variant has one (its pre-activation
@@ -6027,9 +6146,10 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     floatX* hk = rs ? rs->hk + lb * (cs - 1) * HK : nullptr;
     floatX* hv = rs ? rs->hv + lb * (cs - 1) * HV : nullptr;
     // (the conv outputs before SiLU are not kept: the backward makes them again from qp, kp, vp)
-    conv_norm_forward(nullptr, la.qn, la.q_rstd, la.qp, PP(T_CONV_Q, l), hq, B, T, H, K, Kp, cs, Tp, 1, qscale);
-    conv_norm_forward(nullptr, la.kn, la.k_rstd, la.kp, PP(T_CONV_K, l), hk, B, T, H, K, Kp, cs, Tp, 1, 1.0f);
-    conv_norm_forward(nullptr, la.v, nullptr, la.vp, PP(T_CONV_V, l), hv, B, T, H, V, Vp, cs, Tp, 0, 1.0f);
+    const unsigned char* dlen = s.doc ? a->dlen : nullptr; // packed documents: the taps stay inside each one
+    conv_norm_forward(nullptr, la.qn, la.q_rstd, la.qp, PP(T_CONV_Q, l), hq, B, T, H, K, Kp, cs, Tp, 1, qscale, dlen);
+    conv_norm_forward(nullptr, la.kn, la.k_rstd, la.kp, PP(T_CONV_K, l), hk, B, T, H, K, Kp, cs, Tp, 1, 1.0f, dlen);
+    conv_norm_forward(nullptr, la.v, nullptr, la.vp, PP(T_CONV_V, l), hv, B, T, H, V, Vp, cs, Tp, 0, 1.0f, dlen);
     if (rs && cs > 1) {
         conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hq, la.qp, B, T, HK, cs);
         conv_history_kernel<<<cdiv((long)B * HK, 256), 256, 0, main_stream>>>(hk, la.kp, B, T, HK, cs);
@@ -6061,7 +6181,7 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
         float* P0 = rs ? rs->P + lb * H * Kp * Kp : nullptr;
         size_t sm = ((size_t)Kp * Kp + 2 * Kp) * sizeof(float);
         precond_exact_forward_kernel<<<B * H, 256, sm, main_stream>>>(la.kt, la.pstate, la.kn, P0, P0, T, Tp, Kp, m->C,
-                                                                      a->NC, c->ridge);
+                                                                      a->NC, c->ridge, s.doc, H);
         cudaCheck(cudaGetLastError());
     }
     }
@@ -6237,12 +6357,12 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         if (c->precond == PRECOND_DIAG) {
             PrecondBufs pb = a->sc.pc;
             pb.astat = la.astat;
-            precond_diag_backward(g.dkh, g.dgp, g.dbp, GG(T_LOG_ATK_SCALE, l), pb, g.dkt, la.kn, la.gp, la.betap,
+            precond_diag_backward(g.dkh, g.dgp, g.dbp, GG(T_LOG_ATK_SCALE, l), pb, g.dkt, la.kn, doc_gate(a, la), la.betap,
                                   PP(T_LOG_ATK_SCALE, l), B, H, a->NC, m->C, Kp, c->squash_x, c->precond_eps);
         } else if (c->precond == PRECOND_EXACT) {
             size_t sm = ((size_t)Kp * Kp + 5 * Kp) * sizeof(float);
             precond_exact_backward_kernel<<<B * H, 256, sm, main_stream>>>(g.dkh, g.pbuf, g.dkt, la.kn, la.pstate, T, Tp, Kp,
-                                                                           m->C, a->NC);
+                                                                           m->C, a->NC, c->ridge, a->cs.doc, H);
             cudaCheck(cudaGetLastError());
         } }
         { PROF("bwd.gates");
@@ -6263,9 +6383,10 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
         gate_backward(din(T_WB), ldi, nullptr, nullptr, nullptr, g.dbeta, la.beta, la.beta_pre, nullptr, nullptr,
                       0, bmax, B, T, H, 1, 1, Tp); }
         { PROF("bwd.l2norm+conv");
-        conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, nullptr, la.qp, PP(T_CONV_Q, l), B, T, H, K, Kp, cs, Tp, 1, qscale);
-        conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, nullptr, la.kp, PP(T_CONV_K, l), B, T, H, K, Kp, cs, Tp, 1, 1.0f);
-        conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, nullptr, la.vp, PP(T_CONV_V, l), B, T, H, V, Vp, cs, Tp, 0, 1.0f); }
+        const unsigned char* dlen = a->cs.doc ? a->dlen : nullptr; // packed documents
+        conv_norm_backward(din(T_WQ), ldi, GG(T_CONV_Q, l), g.dq, la.qn, la.q_rstd, nullptr, la.qp, PP(T_CONV_Q, l), B, T, H, K, Kp, cs, Tp, 1, qscale, dlen);
+        conv_norm_backward(din(T_WK), ldi, GG(T_CONV_K, l), g.dkh, la.kn, la.k_rstd, nullptr, la.kp, PP(T_CONV_K, l), B, T, H, K, Kp, cs, Tp, 1, 1.0f, dlen);
+        conv_norm_backward(din(T_WV), ldi, GG(T_CONV_V, l), g.dv, la.v, nullptr, nullptr, la.vp, PP(T_CONV_V, l), B, T, H, V, Vp, cs, Tp, 0, 1.0f, dlen); }
         if (side) { side_join(); } // the second stream's GEMMs are done with ln (and everything else they read)
         PROF("bwd.matmul.in_proj+norm");
         // the weights' gradients in one GEMM over the packed slices (the gates' are 8 rows: alone they ran as slow
@@ -6345,13 +6466,15 @@ static std::vector<float> to_host_float(const floatX* d, long n) {
     return out;
 }
 
-// one micro-batch: forward, loss, backward; returns the mean loss over positions with a target. logits: if not NULL,
-// gets the (N, vocab) logits before the softmax (--debug-state; every row)
-static double forward_backward(Model* m, Acts* a, const int* x, const int* y, int grad_accum, float* logits) {
+// one micro-batch: forward, loss, backward; returns the mean loss over positions with a target. doc: the packed
+// documents (--doc-mask 1) or NULL. logits: if not NULL, gets the (N, vocab) logits before the softmax (--debug-state;
+// every row)
+static double forward_backward(Model* m, Acts* a, const int* x, const int* y, const int* doc, int grad_accum, float* logits) {
     long N = (long)a->B * a->T, count = 0;
     check_tokens(x, N, m->cfg.vocab_size);
     for (long n = 0; n < N; n++) { count += y[n] >= 0; }
     upload_batch(a, x, y);
+    acts_docs(a, doc);
     const int* yr = acts_target_rows(a, y);
     pdn_forward(m, a, nullptr);
     if (logits) {
@@ -6410,9 +6533,8 @@ static void tr_step_begin(Trainer* tr) {
 
 static double tr_forward_backward(Trainer* tr, const int* x, const int* y, const int* doc, int accum, int last,
                                   float* logits) {
-    (void)doc; // NULL: main() refuses --doc-mask 1 until the kernels take document boundaries
     dist.reduce_now = dist.on && last; // the last micro-step hands its buckets to NCCL
-    double loss = forward_backward(&tr->m, &tr->acts, x, y, accum, logits);
+    double loss = forward_backward(&tr->m, &tr->acts, x, y, doc, accum, logits);
     dist.reduce_now = 0;
     return loss;
 }
@@ -6452,13 +6574,13 @@ static double tr_step_end(Trainer* tr, int timed) {
 }
 
 static double tr_eval_batch(Trainer* tr, const int* x, const int* y, const int* doc, long* count, long* hits) {
-    (void)doc; // as in tr_forward_backward
     Model* m = &tr->m;
     Acts* a = &tr->acts;
     long N = (long)a->B * a->T;
     std::vector<int> am((size_t)N);
     check_tokens(x, N, m->cfg.vocab_size);
     upload_batch(a, x, y);
+    acts_docs(a, doc);
     const int* yr = acts_target_rows(a, y);
     pdn_forward(m, a, nullptr);
     double sum = classifier(a, m->cfg.vocab_size, yr, 0.0f, count, am.data());
@@ -6620,10 +6742,6 @@ int main(int argc, char** argv) {
     DataSource ds;
     Tokenizer* tok = run_setup(&tc, &mc, &loaded, &loaded_crc, resume_state, sizeof resume_state, &tok_mem, &ds, rank, world);
     if (tc.count_params) { print_param_table(&mc); return 0; }
-    if (ds.doc) {
-        fail(EXIT_USAGE, "--doc-mask 1 (packed documents) runs on the CPU reference (train_pdn) only so far: the GPU "
-             "kernels do not take document boundaries yet\n  hint: --doc-mask 0 here, or train_pdn");
-    }
     if (layerset_count(&mc.attn_layers) && pdn_attn_head_dim(&mc) > ATTN_MAX_D) {
         fail(EXIT_USAGE, "the GPU trainer's attention needs a head dim (--d-model / --attn-heads) of at most %d (got %d)",
              ATTN_MAX_D, pdn_attn_head_dim(&mc));
@@ -6639,7 +6757,7 @@ int main(int argc, char** argv) {
     dist_connect(&tc, device); // several processes: rendezvous and NCCL (fails with a message, never hangs)
     if (mc.decay == DECAY_CHANNEL) {
         int Kp = mixer_pad(mc.head_k);
-        ChunkShape cs{1, 1, 1, tc.chunk, tc.chunk, 1, Kp, mixer_pad(pdn_head_v(&mc)), Kp, 1};
+        ChunkShape cs{1, 1, 1, tc.chunk, tc.chunk, 1, Kp, mixer_pad(pdn_head_v(&mc)), Kp, 1, nullptr};
         bool exact_fits = smem_scores_channel_bwd(cs) <= (size_t)smem_optin; // the FMA kernels (fp32 build, fallback)
 #ifndef ENABLE_FP32
         if (!exact_fits && !scores_use_tc(cs)) {
@@ -6707,7 +6825,7 @@ int main(int argc, char** argv) {
                dist.env.source, dist.how, world, dist.zp.n_buckets);
     }
 
-    tr.acts = acts_alloc(m, tc.B, tc.T, 1, tc.recompute);
+    tr.acts = acts_alloc(m, tc.B, tc.T, 1, tc.recompute, ds.doc != nullptr);
 #ifdef USE_CUDNN
     sdpa_setup(&mc, tc.B, tc.T); // cuDNN's attention plan for the training shape, if it builds here
 #endif

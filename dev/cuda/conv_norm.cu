@@ -254,32 +254,42 @@ static void cv_free(CvDev& d) {
 }
 // v4 and v5 ran the vector kernels only where D/4 is a power of two (else the v2 tiles); v6 is the trainer's dispatch
 static bool cv_pow2_lanes(int D) { return D % 4 == 0 && conv_lanes(D, 4) == D / 4; }
-static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale, int hist) {
+// dlen: packed documents (the trainer's conv reach, doc_chunk_rel), or null; v1 takes none
+static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale, int hist, const unsigned char* dlen = nullptr) {
     const floatX* h = hist ? d.hist : nullptr;
     float* r = norm ? d.rstd : nullptr;
     bool vec = v == 3 || ((v == 4 || v == 5) && cv_pow2_lanes(s.D));
     if (v == 1) { conv_norm_forward_v1(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 6) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
-    else if (!vec || !(v == 3 ? conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale)
-                              : conv_norm_forward_vec<4>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale))) {
-        conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale);
+    else if (v == 6) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen); }
+    else if (!vec || !(v == 3 ? conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen)
+                              : conv_norm_forward_vec<4>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen))) {
+        conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen);
     }
 }
-static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale) {
+static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale, const unsigned char* dlen = nullptr) {
     const float* r = norm ? d.rstd : nullptr;
     const floatX* pre = v >= 5 ? nullptr : d.pre; // v5, v6: pre made again from z
     int ld = s.H * s.D;
     bool vec = v == 3 || ((v == 4 || v == 5) && cv_pow2_lanes(s.D));
     if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 6) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale); }
-    else if (!vec || !(v == 3 ? conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale)
-                              : conv_norm_backward_vec<4>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale))) {
-        conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale);
+    else if (v == 6) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen); }
+    else if (!vec || !(v == 3 ? conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen)
+                              : conv_norm_backward_vec<4>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen))) {
+        conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen);
     }
 }
 
-static void validate_case(int version_sel, const CvShape& s, int norm, int hist, uint64_t seed) {
+// docs: packed documents (--doc-mask 1), starting every 7 tokens in row 0 and at 1, 2, 3, 64, 65, 150 in row 1 (one-token
+// documents, and boundaries inside a tile and at its first row): no tap reaches before its token's document
+static void validate_case(int version_sel, const CvShape& s, int norm, int hist, uint64_t seed, int docs = 0) {
     int B = s.B, T = s.T, H = s.H, D = s.D, cs = s.cs, Tp = s.Tp, Dp = s.Dp, Ch = H * D;
+    std::vector<int> doc((size_t)B * T, 0);
+    for (int b = 0; docs && b < B; b++) {
+        for (int t = 1; t < T; t++) {
+            bool start = b % 2 == 0 ? t % 7 == 0 : (t <= 3 || t == 64 || t == 65 || t == 150);
+            doc[(size_t)b * T + t] = start ? t : doc[(size_t)b * T + t - 1];
+        }
+    }
     float scale = norm ? 1.0f / sqrtf((float)D) : 1.0f;
     size_t n = (size_t)B * T * Ch, nh = (size_t)B * H * Tp * Dp, nw = (size_t)Ch * cs, nhist = (size_t)B * (cs - 1) * Ch;
     LabRng rng(seed);
@@ -306,7 +316,10 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
         for (int t = 0; t < T; t++) {
             for (int c = 0; c < Ch; c++) {
                 double p = 0.0;
-                for (int k = 0; k < cs; k++) { p += (double)w[(size_t)c * cs + k] * zat(b, t - cs + 1 + k, c); }
+                for (int k = 0; k < cs; k++) {
+                    if (t - cs + 1 + k < doc[(size_t)b * T + t]) { continue; }
+                    p += (double)w[(size_t)c * cs + k] * zat(b, t - cs + 1 + k, c);
+                }
                 size_t i = ((size_t)b * T + t) * Ch + c;
                 pre[i] = lab_round((float)p);
                 o[i] = lab_round((float)(pre[i] * lab_sigmoid(pre[i])));
@@ -343,7 +356,7 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
                 double g = dpre[((size_t)b * T + t) * Ch + c];
                 for (int k = 0; k < cs; k++) {
                     int src = t - cs + 1 + k;
-                    if (src < 0) { continue; }
+                    if (src < 0 || src < doc[(size_t)b * T + t]) { continue; }
                     dz[((size_t)b * T + src) * Ch + c] += w[(size_t)c * cs + k] * g;
                     dw[(size_t)c * cs + k] += g * z[((size_t)b * T + src) * Ch + c];
                 }
@@ -361,18 +374,26 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
     cudaCheck(cudaMemcpy(d.w, wx.data(), nw * sizeof(floatX), cudaMemcpyHostToDevice));
     if (nhist) { cudaCheck(cudaMemcpy(d.hist, hx.data(), nhist * sizeof(floatX), cudaMemcpyHostToDevice)); }
     cudaCheck(cudaMemcpy(d.dy, dy.data(), nh * sizeof(float), cudaMemcpyHostToDevice));
+    unsigned char* dlen = nullptr;
+    if (docs) {
+        std::vector<signed char> rel((size_t)B * ((T + 63) / 64 * 64));
+        std::vector<unsigned char> reach((size_t)B * T);
+        doc_chunk_rel(doc.data(), B, T, 64, rel.data(), reach.data());
+        cudaCheck(cudaMalloc(&dlen, reach.size()));
+        cudaCheck(cudaMemcpy(dlen, reach.data(), reach.size(), cudaMemcpyHostToDevice));
+    }
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
-        if (v == 1 && Dp != D) { continue; } // v1 has no row stride
+        if (v == 1 && (Dp != D || docs)) { continue; } // v1 has no row stride and no documents
         lab_poison(d.pre, n * sizeof(floatX)); lab_poison(d.out, nh * sizeof(floatX)); lab_poison(d.dz, n * sizeof(floatX));
         lab_poison(d.rstd, (size_t)B * T * H * sizeof(float));
         cudaCheck(cudaMemcpy(d.dw, dw0.data(), nw * sizeof(float), cudaMemcpyHostToDevice));
-        cv_forward(d, v, s, norm, scale, hist);
-        if (!hist) { cv_backward(d, v, s, norm, scale); }
+        cv_forward(d, v, s, norm, scale, hist, dlen);
+        if (!hist) { cv_backward(d, v, s, norm, scale, dlen); }
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaDeviceSynchronize());
         char tag[96], what[160];
-        snprintf(tag, sizeof tag, "v%d D=%-3d cs=%d %s%s", v, D, cs, norm ? "norm  " : "nonorm", hist ? " hist" : "     ");
+        snprintf(tag, sizeof tag, "v%d D=%-3d cs=%d %s%s", v, D, cs, norm ? "norm  " : "nonorm", hist ? " hist" : docs ? " docs" : "     ");
         std::vector<float> gp = lab_download_x(d.pre, n), gh = lab_download_x(d.out, nh);
         std::vector<float> go(n);
         for (int b = 0; b < B; b++) { // the head-major rows back to token-major for the comparison
@@ -401,6 +422,7 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
             lab_check(what, rel_l2(gw.data(), dw.data(), nw), TOL_DW);
         }
     }
+    if (dlen) { cudaCheck(cudaFree(dlen)); }
     cv_free(d);
 }
 
@@ -454,6 +476,7 @@ int main(int argc, char** argv) {
                 validate_case(a.version, s, 1, 0, seed++);
                 validate_case(a.version, s, 0, 0, seed++);
                 validate_case(a.version, s, 1, 1, seed++);
+                validate_case(a.version, s, 1, 0, seed++, 1); // packed documents
             }
         }
     }

@@ -134,11 +134,27 @@ static bool select_version(int v, const ChunkShape& s) {
 struct DeltaHost {
     int B, H, T, Tp, K, V, gk, gw;
     std::vector<float> q, k, kt, v, dO, beta, g;
+    std::vector<int> doc; // (B, T) packed documents: every token's document start in its row (train_pdn.c's doc), or empty
 };
 
-static DeltaHost make_inputs(int B, int H, int T, int C, int K, int V, int gk, int two_keys, uint64_t seed) {
+// Packed documents for row b of a window of chunks of C: documents start at a chunk's first row, its second, its last,
+// at three consecutive rows (one-token documents), and two chunks have none (row 0: the third; row 1: the first)
+static bool doc_starts_at(int b, int t, int C) {
+    int ch = t / C, i = t % C;
+    if (t == 0) { return false; }
+    if (b % 2 == 0) { return ch % 3 == 0 ? (i <= 2 || i == C - 1) : ch % 3 == 1 ? i == C / 2 + 3 : false; }
+    return ch == 0 ? false : ch % 2 == 1 ? (i == 0 || i == C - 2) : (i == 5 || i == 6 || i == 7);
+}
+
+static DeltaHost make_inputs(int B, int H, int T, int C, int K, int V, int gk, int two_keys, int docs, uint64_t seed) {
     DeltaHost h;
     h.B = B; h.H = H; h.T = T; h.Tp = (T + C - 1) / C * C; h.K = K; h.V = V; h.gk = gk; h.gw = gk ? gk : 1;
+    if (docs) {
+        h.doc.assign((size_t)B * T, 0);
+        for (int b = 0; b < B; b++) {
+            for (int t = 1; t < T; t++) { h.doc[(size_t)b * T + t] = doc_starts_at(b, t, C) ? t : h.doc[(size_t)b * T + t - 1]; }
+        }
+    }
     size_t rows = (size_t)B * H * h.Tp;
     h.q.assign(rows * K, 0.0f); h.k.assign(rows * K, 0.0f); h.kt.assign(rows * K, 0.0f); h.v.assign(rows * V, 0.0f);
     h.dO.assign(rows * V, 0.0f); h.beta.assign(rows, 0.0f); h.g.assign(rows * h.gw, 0.0f);
@@ -172,7 +188,8 @@ static DeltaHost make_inputs(int B, int H, int T, int C, int K, int V, int gk, i
 }
 
 // ----------------------------------------------------------------------------------------------------
-// CPU reference in double: the per-token recurrence and its backward. Outputs compact (bh, t) rows, t < T.
+// CPU reference in double: the per-token recurrence and its backward. Outputs compact (bh, t) rows, t < T. With
+// packed documents the state restarts from zero at every document's first token: S̄ = 0 there (its decay 0).
 
 struct DeltaRef { std::vector<double> o, dq, dk, dkt, dv, dbeta, dg; };
 
@@ -183,6 +200,7 @@ static void delta_reference(const DeltaHost& h, DeltaRef& r) {
     r.dq.assign((size_t)BH * T * K, 0.0); r.dk.assign((size_t)BH * T * K, 0.0); r.dkt.assign((size_t)BH * T * K, 0.0);
     r.dbeta.assign((size_t)BH * T, 0.0); r.dg.assign((size_t)BH * T * gw, 0.0);
     std::vector<double> St((size_t)(T + 1) * KV), Sb(KV), dS(KV), u(V), rr(V), du(V), dr(V);
+    auto boundary = [&](int bh, int t) { return !h.doc.empty() && t > 0 && h.doc[(size_t)(bh / h.H) * T + t] == t; };
     for (int bh = 0; bh < BH; bh++) {
         std::fill(St.begin(), St.begin() + KV, 0.0);
         for (int t = 0; t < T; t++) {
@@ -191,7 +209,7 @@ static void delta_reference(const DeltaHost& h, DeltaRef& r) {
             const double* Sp = &St[(size_t)t * KV];
             double* S = &St[(size_t)(t + 1) * KV];
             for (int j = 0; j < K; j++) {
-                double e = gk ? exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]) : 1.0;
+                double e = boundary(bh, t) ? 0.0 : gk ? exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]) : 1.0;
                 for (int c = 0; c < V; c++) { S[j * V + c] = e * Sp[j * V + c]; }
             }
             std::fill(rr.begin(), rr.end(), 0.0);
@@ -212,8 +230,9 @@ static void delta_reference(const DeltaHost& h, DeltaRef& r) {
             const double* Sp = &St[(size_t)t * KV];
             const double* S = &St[(size_t)(t + 1) * KV];
             double b = h.beta[row];
+            bool cut = boundary(bh, t);
             for (int j = 0; j < K; j++) {
-                double e = gk ? exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]) : 1.0;
+                double e = cut ? 0.0 : gk ? exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]) : 1.0;
                 for (int c = 0; c < V; c++) { Sb[j * V + c] = e * Sp[j * V + c]; }
             }
             std::fill(rr.begin(), rr.end(), 0.0);
@@ -245,13 +264,13 @@ static void delta_reference(const DeltaHost& h, DeltaRef& r) {
                 for (int c = 0; c < V; c++) { s += Sb[j * V + c] * dr[c]; dS[j * V + c] += k[j] * dr[c]; }
                 r.dk[cr * K + j] = s;
             }
-            // S̄ = exp(g) S_prev: dg = Σ dS̄ ⊙ S̄ (per row for a channel decay), dS_prev = exp(g) dS̄
-            if (gk) {
+            // S̄ = exp(g) S_prev: dg = Σ dS̄ ⊙ S̄ (per row for a channel decay), dS_prev = exp(g) dS̄ (0 at a boundary)
+            if (gk || cut) {
                 for (int j = 0; j < K; j++) {
                     double s = 0.0;
                     for (int c = 0; c < V; c++) { s += dS[j * V + c] * Sb[j * V + c]; }
-                    r.dg[cr * gw + (gk == 1 ? 0 : j)] += s;
-                    double e = exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]);
+                    if (gk) { r.dg[cr * gw + (gk == 1 ? 0 : j)] += s; }
+                    double e = cut ? 0.0 : exp((double)h.g[row * gw + (gk == 1 ? 0 : j)]);
                     for (int c = 0; c < V; c++) { dS[j * V + c] *= e; }
                 }
             }
@@ -333,21 +352,30 @@ static std::vector<float> gather_rows(const std::vector<float>& hm, int BH, int 
 
 static const char* decay_name(int gk) { return gk == 0 ? "none" : gk == 1 ? "scalar" : "channel"; }
 
-static void validate_case(int version_sel, int C, int K, int gk_kind, int two_keys, uint64_t seed) {
+static void validate_case(int version_sel, int C, int K, int gk_kind, int two_keys, int docs, uint64_t seed) {
     const int B = 2, H = 2, T = 200, V = K;
     int gk = gk_kind == 2 ? K : gk_kind;
-    DeltaHost h = make_inputs(B, H, T, C, K, V, gk, two_keys, seed);
+    DeltaHost h = make_inputs(B, H, T, C, K, V, gk, two_keys, docs, seed);
     DeltaRef r;
     delta_reference(h, r);
     if (!two_keys) { for (size_t i = 0; i < r.dk.size(); i++) { r.dk[i] += r.dkt[i]; } } // the fold
     int NC = h.Tp / C, BH = B * H;
-    ChunkShape s{B, H, T, h.Tp, C, NC, K, V, gk, (long)BH * NC};
+    ChunkShape s{B, H, T, h.Tp, C, NC, K, V, gk, (long)BH * NC, nullptr};
 #ifndef ENABLE_FP32
     lab_groups = cdiv(NC, 2); // v3: groups of 2 chunks (NC = 4, 7, 13: the last group shorter where NC is odd)
 #endif
     DeltaDev d{};
     delta_dev_alloc(d, s, 0);
     size_t rows = (size_t)BH * h.Tp;
+    signed char* doc_dev = nullptr; // the trainer's packed documents (acts_docs): their chunk values
+    if (docs) {
+        std::vector<signed char> rel((size_t)B * h.Tp);
+        std::vector<unsigned char> reach((size_t)B * T);
+        doc_chunk_rel(h.doc.data(), B, T, C, rel.data(), reach.data());
+        cudaCheck(cudaMalloc(&doc_dev, rel.size()));
+        cudaCheck(cudaMemcpy(doc_dev, rel.data(), rel.size(), cudaMemcpyHostToDevice));
+        s.doc = doc_dev;
+    }
     auto up_x = [](floatX* dst, const std::vector<float>& src) {
         std::vector<floatX> x(src.size());
         for (size_t i = 0; i < src.size(); i++) { x[i] = lab_f2x(src[i]); } // exact: src is already rounded
@@ -361,7 +389,12 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
         char tag[96];
-        snprintf(tag, sizeof tag, "v%d C=%-2d decay=%-7s keys=%d K=V=%-3d", v, C, decay_name(gk), two_keys ? 2 : 1, K);
+        snprintf(tag, sizeof tag, "v%d C=%-2d decay=%-7s keys=%d K=V=%-3d%s", v, C, decay_name(gk), two_keys ? 2 : 1, K,
+                 docs ? " docs" : "");
+        if (v == 3 && docs) { // the two-level scans compose whole chunk ranges: the trainer refuses them with documents
+            printf("skip %s: %s: not with packed documents\n", tag, VERSION_NAME[v]);
+            continue;
+        }
         if (v == 1 && gk > 1 && smem_scores_channel_bwd(s) > (size_t)smem_optin) { // the trainer refuses it (fp32 build)
             printf("skip %s: %s: the exact channel-decay kernels do not fit at K = %d\n", tag, VERSION_NAME[v], K);
             continue;
@@ -454,6 +487,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
         }
 #endif
     }
+    if (doc_dev) { cudaCheck(cudaFree(doc_dev)); }
     d.ar.release();
 }
 
@@ -488,7 +522,7 @@ static void bench(int version_sel) {
     // the paper's Fig. 4 (one sequence, T = 2048 ... 16384), then the training micro-batch 16 x 2048 (512 scan blocks)
     const int H = 8, K = 128, V = 128, NSH = 5;
     const int Bs[NSH] = {1, 1, 1, 1, 16}, Ts[NSH] = {2048, 4096, 8192, 16384, 2048};
-    ChunkShape smax{2, H, 16384, 16384, CHUNK, 16384 / CHUNK, K, V, K, (long)2 * H * (16384 / CHUNK)}; // as many rows
+    ChunkShape smax{2, H, 16384, 16384, CHUNK, 16384 / CHUNK, K, V, K, (long)2 * H * (16384 / CHUNK), nullptr}; // as many rows
     DeltaDev d{};
     delta_dev_alloc(d, smax, 1);
     long rows = smax.nq * CHUNK;
@@ -518,7 +552,7 @@ static void bench(int version_sel) {
         for (const Var& var : vars) {
             for (int i = 0; i < NSH; i++) {
                 int B = Bs[i], T = Ts[i];
-                ChunkShape s{B, H, T, T, CHUNK, T / CHUNK, K, V, var.gk, (long)B * H * (T / CHUNK)};
+                ChunkShape s{B, H, T, T, CHUNK, T / CHUNK, K, V, var.gk, (long)B * H * (T / CHUNK), nullptr};
                 if (!select_version(v, s)) {
                     printf("%-18s %-6s %4d %6d   (does not run at this shape)\n", VERSION_NAME[v], var.name, B, T);
                     continue;
@@ -543,7 +577,7 @@ static void bench(int version_sel) {
         for (int i = 0; i < NSH; i++) {
             int B = Bs[i], T = Ts[i];
             if (T < 8192 && B == 1) { continue; }
-            ChunkShape s{B, H, T, T, CHUNK, T / CHUNK, K, V, 1, (long)B * H * (T / CHUNK)};
+            ChunkShape s{B, H, T, T, CHUNK, T / CHUNK, K, V, 1, (long)B * H * (T / CHUNK), nullptr};
             select_version(2, s);
             delta_forward(d, s, d.k, 0);
             mixer_remake(&d.sv, &d.sc, d.q, d.k, d.k, d.v, d.beta, d.g, s);
@@ -577,12 +611,21 @@ int main(int argc, char** argv) {
         uint64_t seed = 1;
         for (int K : {64, 128, 256}) { // 256: the largest head the tensor-core kernels take (issue 13's head sizes)
             for (int gk_kind = 0; gk_kind < 3; gk_kind++) {
-                for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, CHUNK, K, gk_kind, two_keys, seed++); }
+                for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, CHUNK, K, gk_kind, two_keys, 0, seed++); }
             }
         }
         for (int C : {32, 16}) {
             for (int gk_kind = 0; gk_kind < 3; gk_kind++) {
-                for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, C, 128, gk_kind, two_keys, seed++); }
+                for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, C, 128, gk_kind, two_keys, 0, seed++); }
+            }
+        }
+        // packed documents (--doc-mask 1): boundaries at chunks' first, second and last rows and three in a row
+        for (int C : {64, 32, 16}) {
+            for (int K : {64, 128}) {
+                if (C != CHUNK && K != 128) { continue; }
+                for (int gk_kind = 0; gk_kind < 3; gk_kind++) {
+                    for (int two_keys = 1; two_keys >= 0; two_keys--) { validate_case(a.version, C, K, gk_kind, two_keys, 1, seed++); }
+                }
             }
         }
         printf("validation took %.1f s\n", wall_seconds() - t0);

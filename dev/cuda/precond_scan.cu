@@ -647,7 +647,7 @@ static void validate_case(int version_sel, int K, uint64_t seed) {
     }
     PcRef r;
     pc_reference(h, r);
-    ChunkShape s{B, H, T, h.Tp, CHUNK, NC, K, K, 0, (long)BH * NC};
+    ChunkShape s{B, H, T, h.Tp, CHUNK, NC, K, K, 0, (long)BH * NC, nullptr};
     PcDev d{};
     pc_alloc(d, s);
     std::vector<floatX> kx(rows * K), lx(H);
@@ -695,7 +695,7 @@ static void bench(int version_sel) {
     printf("%-14s %3s %2s %6s %4s %10s %8s %10s %8s\n", "version", "B", "H", "T", "K", "fwd ms", "GB/s", "bwd ms", "GB/s");
     for (const Shape& sh : shapes) {
         int NC = sh.T / CHUNK;
-        ChunkShape s{sh.B, sh.H, sh.T, sh.T, CHUNK, NC, sh.K, sh.K, 0, (long)sh.B * sh.H * NC};
+        ChunkShape s{sh.B, sh.H, sh.T, sh.T, CHUNK, NC, sh.K, sh.K, 0, (long)sh.B * sh.H * NC, nullptr};
         PcDev d{};
         pc_alloc(d, s);
         long rows = s.nq * CHUNK, n = rows * sh.K;
