@@ -5,7 +5,8 @@
 # against the normal run (bit for bit); then 10 training steps on each, whose loss sequences are printed side by
 # side; checkpoints and resume. Hybrids (issue 19): pgdn+attn (attention at layer 1: tiny with 1 kv head and a
 # 40-token window, the 340m layer with 8 heads of 128) and kda+attn-gqa (attention at layer 0, 16 heads of 64 on 4 kv
-# heads at 340m) in the same rows, and greedy generation through the KV cache. Prints a table last.
+# heads at 340m) in the same rows, and greedy generation through the KV cache; packed documents (--doc-mask 1) by
+# scripts/doc_check.sh, whose rows come first. Prints a table last.
 # Usage: scripts/gpu_check.sh [OUTDIR]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -182,6 +183,11 @@ done
 g32=$(cmp -s "$out/gen.train_pdn.txt" "$out/gen.train_pdncu_fp32.txt" && echo same || echo DIFFERENT)
 g16=$(cmp -s "$out/gen.train_pdn.txt" "$out/gen.train_pdncu.txt" && echo same || echo different)
 gen_rows+=("$(printf "hybrid (window 16, outgrown), 40 sampled tokens: fp32 GPU vs CPU %s; bf16 GPU vs CPU %s" "$g32" "$g16")")
+
+# packed documents (--doc-mask 1, issue 18): scripts/doc_check.sh prints its own rows; a failure there is one here
+echo "== packed documents: scripts/doc_check.sh =="
+scripts/doc_check.sh "$out/docs" || failed "scripts/doc_check.sh (packed documents)"
+echo "== the rows of gpu_check =="
 
 echo "10 training steps, pgdn-tiny (loss per step: CPU / GPU fp32 / GPU bf16):"
 paste <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdn/main.log") <(grep -o 'trl:[0-9.e-]*' "$out/run10.train_pdncu_fp32/main.log") \

@@ -38,7 +38,8 @@ Validation: B=2, H=3, T=200 (a partial last tile of 8 tokens), D = 16, 32, 36 (n
 staging path and the v2 fallback), 120 (the 1b KDA), 128, 256 (v3 at 32 lanes per token; v4 falls back to v2); cs = 4
 and 2; head-major rows of D rounded up to a multiple of 16 (36 -> 48, 120 -> 128: the trainer's padded mixer rows;
 v1 only where that is D); with and without the norm (q is scaled by 1/sqrt(D)); the forward also with a
-history (generation). Tolerances (relative L2): pre, out, dz are floatX: 1e-2 in bf16 (one rounding, rms ~1e-3;
+history (generation); and with packed documents (--doc-mask 1: no tap reaches before its token's document, forward
+and backward; not v1). Tolerances (relative L2): pre, out, dz are floatX: 1e-2 in bf16 (one rounding, rms ~1e-3;
 the backward also starts from the rounded out), 1e-5 / 1e-4 in fp32; rstd 1e-3 in bf16 (from rounded o), 1e-5 in
 fp32; dw (fp32 sums over B*T tokens of a gradient that carries bf16 inputs) 1e-2 in bf16, 1e-4 in fp32.
 Timing: B=16, H=8, T=2048, D=128, cs=4, with norm (one of q, k at the 340m shape); GB/s counts the minimal traffic.

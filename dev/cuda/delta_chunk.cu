@@ -57,7 +57,10 @@ inputs as the device sees them (already rounded to floatX).
 Validation: B=2, H=2, T=200 (the last chunk of 64 is partial: 8 tokens), K=V=64, 128 and 256, every decay, one
 and two keys, plus chunks of 32 and 16 at K=V=128 (the tile loops of the fused kernels at other --chunk values);
 outputs o and gradients dq, dk, dkt (two keys only: with one it is folded into dk and not written), dv, dbeta, dg
-compared by relative L2 error.
+compared by relative L2 error. Packed documents (--doc-mask 1): the same at chunks of 64 (K = V = 64, 128), 32 and
+16 (K = V = 128) with documents starting at chunks' first, second and last rows, three in a row, mid-chunk, and
+chunks without a boundary (doc_starts_at); the reference restarts the state at each document's first token, the
+device gets the trainer's chunk values (doc_chunk_rel). v3 refuses documents (its groups compose whole chunk ranges).
 Tolerances. fp32 build: 1e-4 (fp32 throughout, no TF32; the chunk form and the token form agree to rounding).
 bf16 build: 2e-2. Every tensor the chunk algorithm stores between kernels (X, Y, Qg, Kd, P, Tinv, W, U, V', the
 chunk-start states, dP/dM, dW/dX/dY, dV', dstates) is rounded to bf16 (unit roundoff 2^-9 = 2e-3, rms relative
