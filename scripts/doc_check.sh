@@ -96,7 +96,7 @@ done
 scripts/doc_shard.sh "$out/len.train_000.bin" lengths 60000 64 40
 tflags="--preset pgdn-tiny -i $out/len.train_*.bin -b 4 -t 128 -x 20 -n 10 -v 0 -m 1 $docs"
 for bin in train_pdn train_pdncu_fp32 train_pdncu; do
-    rm -rf "$out/run.$bin"*
+    rm -rf "$out/run.$bin" "$out/run.$bin.r"
     ./$bin $tflags -o "$out/run.$bin" > /dev/null 2>&1 || failed "$bin 20 steps with documents"
 done
 for bin in train_pdncu_fp32 train_pdncu; do
