@@ -4,7 +4,7 @@
 # ~100), each row run with --doc-mask 0 and --doc-mask 1 on the same shard in one job (the first pgdn row again in
 # the other order, for the spread). Tokens/s from the trainer's average over the timed steps (the first untimed),
 # device memory from cudaMemGetInfo at the end; ratio = doc-mask 1 / doc-mask 0.
-# Usage: scripts/bench_docs.sh [steps]
+# Usage: scripts/bench_docs.sh [steps]     (BENCH_QUICK=1: the pgdn, pkda and short-document rows only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 steps=${1:-6}
@@ -36,10 +36,12 @@ d1000=(-i "$data/d1000_train_*.bin")
 d100=(-i "$data/d100_train_*.bin")
 row "pgdn-340m 16x2048, docs ~1000" 01 --preset pgdn-340m "${d1000[@]}" -b 16 -t 2048 -d 32768
 row "pgdn-340m 16x2048, docs ~1000" 10 --preset pgdn-340m "${d1000[@]}" -b 16 -t 2048 -d 32768
-row "gdn-340m 16x2048, docs ~1000" 01 --preset gdn-340m "${d1000[@]}" -b 16 -t 2048 -d 32768
 row "pkda-340m 16x2048, docs ~1000" 01 --preset pkda-340m "${d1000[@]}" -b 16 -t 2048 -d 32768
-row "pgdn-340m 1x32768, docs ~1000" 01 --preset pgdn-340m "${d1000[@]}" -b 1 -t 32768 -d 32768
 row "pgdn-340m 16x2048, docs ~100" 01 --preset pgdn-340m "${d100[@]}" -b 16 -t 2048 -d 32768
+if [ -z "${BENCH_QUICK:-}" ]; then
+    row "gdn-340m 16x2048, docs ~1000" 01 --preset gdn-340m "${d1000[@]}" -b 16 -t 2048 -d 32768
+    row "pgdn-340m 1x32768, docs ~1000" 01 --preset pgdn-340m "${d1000[@]}" -b 1 -t 32768 -d 32768
+fi
 echo "== --doc-mask 0 vs 1, $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(date -u +%Y-%m-%d), $steps steps (the first untimed) =="
 printf '%-34s | %-25s | %-25s | %s\n' "run" "--doc-mask 0" "--doc-mask 1" "ratio"
 printf '%s\n' "${rows[@]}"
