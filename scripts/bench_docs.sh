@@ -29,7 +29,7 @@ row() {
     local label=$1 order=$2; shift 2
     local a b
     if [ "$order" = 01 ]; then a=$(run 0 "$@"); b=$(run 1 "$@"); else b=$(run 1 "$@"); a=$(run 0 "$@"); fi
-    rows+=("$(echo "$a $b" | awk -v l="$label" '{ printf "%-34s | %9d tok/s %5.1f GiB | %9d tok/s %5.1f GiB | %.3f", l, $1, $2, $3, $4, $1 > 0 ? $3 / $1 : 0 }')")
+    rows+=("$(echo "$a $b" | awk -v l="$label" '{ printf "%-34s | %9d tok/s %5.1f GiB | %9d tok/s %5.1f GiB | %.3f", l, $1, $2, $3, $4, ($1 > 0 ? $3 / $1 : 0) }')")
     echo "${rows[-1]}"
 }
 d1000=(-i "$data/d1000_train_*.bin")
