@@ -318,7 +318,7 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
             for (int c = 0; c < Ch; c++) {
                 double p = 0.0;
                 for (int k = 0; k < cs; k++) {
-                    if (t - cs + 1 + k < doc[(size_t)b * T + t]) { continue; }
+                    if (docs && t - cs + 1 + k < doc[(size_t)b * T + t]) { continue; } // (history taps are negative)
                     p += (double)w[(size_t)c * cs + k] * zat(b, t - cs + 1 + k, c);
                 }
                 size_t i = ((size_t)b * T + t) * Ch + c;
