@@ -1027,11 +1027,12 @@ __device__ __forceinline__ float group_sum(float v, int ng) {
     return v;
 }
 
-template <int CS, int NV>
+template <int CS, int NV, bool DOC>
 __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forward_vec_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
                                                                              const floatX* w, const floatX* hist, int B, int T,
                                                                              int H, int D, int Dp, int Tp, int norm, float scale,
                                                                              const unsigned char* dlen) {
+    if (!DOC) { dlen = nullptr; } // without documents the tests below vanish at compile time (they cost ~3% in registers)
     extern __shared__ float conv_smem[];
     float* ws = conv_smem;                         // (D, CS) the taps
     floatX* zs = (floatX*)(ws + D * CS);           // (CONV_TR + CS - 1, D): z[t0 - CS + 1 + r]
@@ -1088,13 +1089,14 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_forwa
     }
 }
 
-template <int CS, int NV>
+template <int CS, int NV, bool DOC>
 __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backward_vec_kernel(floatX* __restrict__ dz, int ldz, float* __restrict__ partial,
                                                                               const float* __restrict__ dy, const floatX* __restrict__ out,
                                                                               const float* __restrict__ rstd, const floatX* __restrict__ pre,
                                                                               const floatX* __restrict__ z, const floatX* __restrict__ w,
                                                                               int B, int T, int H, int D, int Dp, int Tp, int norm, float scale,
                                                                               int ntiles, const unsigned char* dlen) {
+    if (!DOC) { dlen = nullptr; } // as in the forward (11% of this kernel's time)
     extern __shared__ float conv_smem[];
     int nr = CONV_TR + CS - 1;
     float* dps = conv_smem;                        // (nr, D): dpre[t0 + r], zero at and after T; then the dw sums
@@ -1224,6 +1226,15 @@ template <int NV> static bool conv_vec_ok(int H, int D, int cs, std::initializer
     for (const void* p : ptrs) { ok = ok && (!p || aligned16(p)); }
     return ok;
 }
+// the vec kernels for cs taps (1 .. 4; conv_vec_ok refuses more) with documents or without
+template <int NV, bool DOC> static decltype(&conv_norm_forward_vec_kernel<4, NV, DOC>) conv_fwd_vec_kernel(int cs) {
+    return cs == 1 ? conv_norm_forward_vec_kernel<1, NV, DOC> : cs == 2 ? conv_norm_forward_vec_kernel<2, NV, DOC>
+         : cs == 3 ? conv_norm_forward_vec_kernel<3, NV, DOC> : conv_norm_forward_vec_kernel<4, NV, DOC>;
+}
+template <int NV, bool DOC> static decltype(&conv_norm_backward_vec_kernel<4, NV, DOC>) conv_bwd_vec_kernel(int cs) {
+    return cs == 1 ? conv_norm_backward_vec_kernel<1, NV, DOC> : cs == 2 ? conv_norm_backward_vec_kernel<2, NV, DOC>
+         : cs == 3 ? conv_norm_backward_vec_kernel<3, NV, DOC> : conv_norm_backward_vec_kernel<4, NV, DOC>;
+}
 template <int NV>
 static bool conv_norm_forward_vec(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
                                  int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale,
@@ -1231,12 +1242,8 @@ static bool conv_norm_forward_vec(floatX* pre, floatX* out, float* rstd, const f
     if (!conv_vec_ok<NV>(H, D, cs, {pre, out, z, hist})) { return false; }
     dim3 grid(B * H, cdiv(T, CONV_TR));
     size_t sm = conv_smem_forward(D, cs);
-    switch (cs) {
-        case 1: conv_norm_forward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen); break;
-        case 2: conv_norm_forward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen); break;
-        case 3: conv_norm_forward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen); break;
-        default: conv_norm_forward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen); break;
-    }
+    auto kernel = dlen ? conv_fwd_vec_kernel<NV, true>(cs) : conv_fwd_vec_kernel<NV, false>(cs);
+    kernel<<<grid, CONV_THREADS, sm, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen);
     cudaCheck(cudaGetLastError());
     return true;
 }
@@ -1249,12 +1256,9 @@ static bool conv_norm_backward_vec(floatX* dz, int ldz, float* dw, const float* 
     float* partial = colsum_partials(nch, Ch * cs);
     dim3 grid(B * H, ntiles);
     size_t sm = conv_smem_backward(D, cs);
-    switch (cs) {
-        case 1: conv_norm_backward_vec_kernel<1, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles, dlen); break;
-        case 2: conv_norm_backward_vec_kernel<2, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles, dlen); break;
-        case 3: conv_norm_backward_vec_kernel<3, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles, dlen); break;
-        default: conv_norm_backward_vec_kernel<4, NV><<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles, dlen); break;
-    }
+    auto kernel = dlen ? conv_bwd_vec_kernel<NV, true>(cs) : conv_bwd_vec_kernel<NV, false>(cs);
+    kernel<<<grid, CONV_THREADS, sm, main_stream>>>(dz, ldz, partial, dy, out, rstd, pre, z, w, B, T, H, D, Dp, Tp, norm, scale, ntiles,
+                                                    dlen);
     cudaCheck(cudaGetLastError());
     colsum_finish(dw, nch, Ch * cs);
     return true;
@@ -3477,6 +3481,7 @@ static __host__ __device__ size_t smem_scores_scalar_tc(int C, int K) {
     size_t ab = scan_align((size_t)C * SCAN_PADK(K) * 2), fb = scan_align((size_t)C * SS_LD(C) * 4);
     return (ab > fb ? 3 * ab : 3 * fb) + 2 * (size_t)C * 4; // the staged rows, then the fp32 tiles over them
 }
+template <bool DOC> // documents (s.doc); without, their masks vanish at compile time (~4% of this kernel)
 __global__ void __launch_bounds__(SS_THREADS) scores_scalar_tc_kernel(float* Mk, floatX* P, floatX* Tx, const floatX* Q, const floatX* Kh,
                                                               const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -3522,7 +3527,7 @@ __global__ void __launch_bounds__(SS_THREADS) scores_scalar_tc_kernel(float* Mk,
         wmma::store_matrix_sync((t < nt ? Ms : Ps) + 16 * I * ld + 16 * J, acc[k], ld, wmma::mem_row_major);
     }
     __syncthreads();
-    const signed char* dc = chunk_docs(s, q);
+    const signed char* dc = DOC ? chunk_docs(s, q) : nullptr;
     for (int e = threadIdx.x; e < C * C; e += blockDim.x) { // only j <= i was computed; nothing above is read
         int i = e / C, j = e % C;
         float E = (s.gk && j <= i) ? expf(gs[i] - gs[j]) : 1.0f; // never above the diagonal: overflow
@@ -3548,6 +3553,7 @@ static __host__ __device__ size_t smem_bwd_scores_scalar_tc(int C, int K) {
     return 3 * scan_align((size_t)C * SCAN_PADK(K) * 2) + 2 * scan_align((size_t)C * SB_LC(C) * 2) +
            scan_align((size_t)C * SS_LD(C) * 4) + (size_t)C * 4;
 }
+template <bool DOC> // as scores_scalar_tc_kernel
 __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, float* dkh_s, float* dkt_s, float* dbetaA,
                                                                   const float* dP, const float* dA,
                                                                   const floatX* Q, const floatX* Kh, const floatX* Kt,
@@ -3581,7 +3587,7 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
         wmma::store_matrix_sync(Ms + 16 * I * ld + 16 * J, acc, ld, wmma::mem_row_major);
     }
     __syncthreads();
-    const signed char* dc = chunk_docs(s, q);
+    const signed char* dc = DOC ? chunk_docs(s, q) : nullptr;
     for (int i = warp; i < C; i += nw) { // a warp per row, lanes over j: the same order of the dbetaA sum as the mask kernel
         float b = beta[r0 + i], db = 0.0f;
         for (int j = lane; j < C; j += 32) {
@@ -4046,6 +4052,7 @@ __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dk
 // fixed order. No (C, K) shared-memory tensors (the general kernel keeps ~70 KB of them, 3 blocks per
 // SM): 8 blocks of 8 warps fit an SM.
 #define FIN_WARPS 8
+template <bool DOC> // as scores_scalar_tc_kernel
 __global__ void __launch_bounds__(32 * FIN_WARPS) bwd_finish_rows_kernel(
     float* __restrict__ dq, float* __restrict__ dkh, float* __restrict__ dkt, float* __restrict__ dv, float* __restrict__ dbeta,
     float* __restrict__ dg, const float* __restrict__ dQg, const float* __restrict__ dq_s, const float* __restrict__ dX,
@@ -4061,7 +4068,7 @@ __global__ void __launch_bounds__(32 * FIN_WARPS) bwd_finish_rows_kernel(
     const int K = 128, V = 128;
     int C = s.C, n1 = C - 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     long q = blockIdx.x, r0 = q * C;
-    const signed char* dc = chunk_docs(s, q); // documents: the forward's masks, as in bwd_finish_kernel
+    const signed char* dc = DOC ? chunk_docs(s, q) : nullptr; // documents: the forward's masks, as in bwd_finish_kernel
     float kxa[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = warp; i < C; i += FIN_WARPS) {
         float b = beta[r0 + i], eg = 1.0f, ed = 1.0f, gsum = 0.0f, bsum = 0.0f;
@@ -4213,14 +4220,12 @@ template <typename F> static void allow_dynamic_smem(F* kernel, int optin) {
 }
 // the conv_norm_*_vec kernels' opt-in, every kernel size
 template <int NV> static void conv_vec_setup(void) {
-    allow_dynamic_smem(conv_norm_forward_vec_kernel<1, NV>, smem_optin);
-    allow_dynamic_smem(conv_norm_forward_vec_kernel<2, NV>, smem_optin);
-    allow_dynamic_smem(conv_norm_forward_vec_kernel<3, NV>, smem_optin);
-    allow_dynamic_smem(conv_norm_forward_vec_kernel<4, NV>, smem_optin);
-    allow_dynamic_smem(conv_norm_backward_vec_kernel<1, NV>, smem_optin);
-    allow_dynamic_smem(conv_norm_backward_vec_kernel<2, NV>, smem_optin);
-    allow_dynamic_smem(conv_norm_backward_vec_kernel<3, NV>, smem_optin);
-    allow_dynamic_smem(conv_norm_backward_vec_kernel<4, NV>, smem_optin);
+    for (int cs = 1; cs <= 4; cs++) {
+        allow_dynamic_smem(conv_fwd_vec_kernel<NV, false>(cs), smem_optin);
+        allow_dynamic_smem(conv_fwd_vec_kernel<NV, true>(cs), smem_optin);
+        allow_dynamic_smem(conv_bwd_vec_kernel<NV, false>(cs), smem_optin);
+        allow_dynamic_smem(conv_bwd_vec_kernel<NV, true>(cs), smem_optin);
+    }
 }
 static void mixer_kernel_setup(void) {
     int optin = 0;
@@ -4250,8 +4255,10 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(scores_channel_tc_kernel, optin);
     allow_dynamic_smem(scores_channel_dq_tc_kernel, optin);
     allow_dynamic_smem(scores_channel_dkt_tc_kernel, optin);
-    allow_dynamic_smem(scores_scalar_tc_kernel, optin);
-    allow_dynamic_smem(bwd_scores_scalar_tc_kernel, optin);
+    allow_dynamic_smem(scores_scalar_tc_kernel<false>, optin);
+    allow_dynamic_smem(scores_scalar_tc_kernel<true>, optin);
+    allow_dynamic_smem(bwd_scores_scalar_tc_kernel<false>, optin);
+    allow_dynamic_smem(bwd_scores_scalar_tc_kernel<true>, optin);
     allow_dynamic_smem(state_forward_wmma_kernel<1, 16>, optin);
     allow_dynamic_smem(state_forward_wmma_kernel<2, 16>, optin);
     allow_dynamic_smem(state_forward_wmma_kernel<1, 32>, optin);
@@ -4479,7 +4486,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     PROF("mixer.fwd.scores");
 #ifndef ENABLE_FP32
     if (fused) {
-        scores_scalar_tc_kernel<<<nq, SS_THREADS, smem_scores_scalar_tc(C, K), main_stream>>>(sv->Mk, sv->P, sv->Tx, Q, Kh, Kt, sv->G,
+        (s.doc ? scores_scalar_tc_kernel<true> : scores_scalar_tc_kernel<false>)<<<nq, SS_THREADS, smem_scores_scalar_tc(C, K), main_stream>>>(sv->Mk, sv->P, sv->Tx, Q, Kh, Kt, sv->G,
                                                                                       beta, s);
     } else
 #endif
@@ -4582,7 +4589,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     } else
 #ifndef ENABLE_FP32
     if (p.scores_fused) {
-        bwd_scores_scalar_tc_kernel<<<nq, 256, smem_bwd_scores_scalar_tc(C, K), main_stream>>>(
+        (s.doc ? bwd_scores_scalar_tc_kernel<true> : bwd_scores_scalar_tc_kernel<false>)<<<nq, 256, smem_bwd_scores_scalar_tc(C, K), main_stream>>>(
             sc->dq_s, sc->dkh_s, sc->dkt_s, sc->dbetaA, sc->dP, sc->dA, Q, Kh, Kt, sv->G, beta, s);
         cudaCheck(cudaGetLastError());
     } else
@@ -4599,7 +4606,7 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     }
     PROF("mixer.bwd.finish");
     if (p.finish_rows) {
-        bwd_finish_rows_kernel<<<nq, 32 * FIN_WARPS, 0, main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX, sc->dkh_s,
+        (s.doc ? bwd_finish_rows_kernel<true> : bwd_finish_rows_kernel<false>)<<<nq, 32 * FIN_WARPS, 0, main_stream>>>(dq, dkh, dkt, dv, dbeta, dg, sc->dQg, sc->dq_s, sc->dX, sc->dkh_s,
                                                        sc->dkt_s, sc->dKd, sc->dY, sc->dbetaA, Q, Kh, Kt, Vv, sv->G, beta,
                                                        sv->hstate, sc->dhstate, fold_kt, s);
     } else {
