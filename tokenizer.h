@@ -873,7 +873,10 @@ static void tokenizer_load_gpt2(Tokenizer* t, const char* encoder_json, const ch
         if (bytesmap_find(&ids, s, len, h) < 0) { bytesmap_add(&ids, s, len, h, (uint32_t)i, 0); }
     }
     text = slurp_file(vocab_bpe, &n);
-    if (n == 0) { fail(EXIT_BADFILE, "%s is empty (a vocab.bpe holds a #version line, then one merge per line)", vocab_bpe); }
+    if (n == 0) { // (freed first: the pointer is dead on this path, so a leak checker would count it)
+        free(text);
+        fail(EXIT_BADFILE, "%s is empty (a vocab.bpe holds a #version line, then one merge per line)", vocab_bpe);
+    }
     size_t mcap = 1024;
     int* left = (int*)mallocCheck(mcap * sizeof(int));
     int* right = (int*)mallocCheck(mcap * sizeof(int));
