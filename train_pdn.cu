@@ -1860,12 +1860,16 @@ static void adam_bias_corrections(const TrainConfig* tc, long step, float* bc1, 
 // 3a. diagonal preconditioner (MODEL.md §3.6). The statistic is a linear recurrence per key channel,
 // a_t = d_t a_{t-1} + u_t with d_t = exp(gP_t), u_t = betaP_t k̂_t², computed chunk-parallel in three passes:
 // (1) every chunk scans from zero (all chunks at once) and keeps only its end value, (2) one short sequential pass
-// carries the chunk-start values across the NC chunk boundaries, (3) every chunk runs its recurrence again from its
-// carried start value and forms the write key k̃ = exp(-ln(x) s(r)) k̂. The backward is the reverse recurrence in the
-// same three passes. No per-token scratch: pass 3 recomputes instead of reading a stored local scan (10 bytes per
-// element forward, 28 backward; the version that stored it is v2 of dev/cuda/precond_scan.cu). Pass 2 is a block per
-// head, a thread per channel. Rows are head-major padded (B, H, Tp); padded rows have k̂ = 0, gP = 0: they change
-// nothing.
+// carries the chunk-start values across the NC chunk boundaries (`carry`, (nq, K): the layer keeps it), (3) every
+// chunk runs its recurrence again from its carried start value and forms the write key k̃ = exp(-ln(x) s(r)) k̂. The
+// backward is the reverse recurrence in the same three passes. No per-token scratch: pass 3 recomputes instead of
+// reading a stored local scan (the version that stored it is v2 of dev/cuda/precond_scan.cu). The backward reads the
+// statistic a (rows, K) fp32, which only the pass 3 that precedes a backward writes: the backward's remake of k̃
+// (pass 3 alone, from the kept carries) or the forward of a layer whose backward makes nothing again (the last, or
+// under --recompute). So the forward moves 6 bytes an element, the remake 8, the backward 28 (dev/cuda/precond_scan.cu
+// v10 against v6, which ran all three passes with the statistic in the forward and again in the remake; v7-v9, which
+// never store it and make it again in the backward's passes, were slower there). Pass 2 is a block per head, a
+// thread per channel. Rows are head-major padded (B, H, Tp); padded rows have k̂ = 0, gP = 0: they change nothing.
 
 // The forward's pass 1 and the backward's pass 3 take a warp per chunk: lane l owns the channels j = l + 32 c (c < CPT,
 // K <= 32 CPT), so every row is one coalesced warp access, the per-row decay exp(gP) is computed once per CPT channels
@@ -1878,6 +1882,8 @@ static void adam_bias_corrections(const TrainConfig* tc, long step, float* bc1, 
 // 8 blocks of 4 warps per SM (<= 64 registers) put the 340m shape's 4096 chunks in one wave on 132 SMs
 #define PC_MIN_BLOCKS(CPT) ((CPT) <= 4 ? 8 : 4)
 
+// the statistic's step (every pass that runs it forward: one expression)
+__device__ __forceinline__ float precond_step(float a, float d, float b, float kj) { return d * a + b * kj * kj; }
 // the write key's multiplier m = exp(-ln(x) s(r)), s = r / (1 + |r|), r = log(a + eps) - c; *inv = 1 / (1 + |r|)
 __device__ __forceinline__ float precond_key_scale(float a, float c, float lnx, float eps, float* inv) {
     float r = __logf(a + eps) - c;
@@ -1904,7 +1910,7 @@ precond_end_kernel(float* __restrict__ cend, float* __restrict__ cdec, const flo
         for (int c = 0; c < CPT; c++) {
             int j = lane + 32 * c;
             float kj = j < K ? tof(k[row * K + j]) : 0.0f;
-            a[c] = d * a[c] + b * kj * kj;
+            a[c] = precond_step(a[c], d, b, kj);
         }
     }
     #pragma unroll
@@ -1928,9 +1934,9 @@ __global__ void precond_carry_kernel(float* __restrict__ carry, const float* __r
     }
     if (a_final) { a_final[(long)bh * K + j] = a; }
 }
-// forward pass 3: from the chunk-start value carry, the recurrence again: astat (hm fp32), k̃ (hm floatX). A thread per
-// channel and a block per chunk here: this pass is bound by latency, and a warp per chunk (4x fewer warps in flight)
-// took twice as long (dev/cuda/precond_scan.cu v4)
+// forward pass 3: from the chunk-start value carry, the recurrence again: k̃ (hm floatX) and, unless null, astat (hm
+// fp32). A thread per channel and a block per chunk here: this pass is bound by latency, and a warp per chunk (4x
+// fewer warps in flight) took twice as long (dev/cuda/precond_scan.cu v4)
 __global__ void precond_fix_kernel(floatX* __restrict__ kt, float* __restrict__ astat, const float* __restrict__ carry,
                                    const floatX* __restrict__ k, const float* __restrict__ gp, const float* __restrict__ bp,
                                    const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int K, float lnx,
@@ -1943,8 +1949,8 @@ __global__ void precond_fix_kernel(floatX* __restrict__ kt, float* __restrict__ 
     for (int i = 0; i < C; i++) {
         long row = r0 + i;
         float kj = tof(k[row * K + j]), inv;
-        a = __expf(gp[row]) * a + bp[row] * kj * kj;
-        astat[row * K + j] = a;
+        a = precond_step(a, __expf(gp[row]), bp[row], kj);
+        if (astat) { astat[row * K + j] = a; }
         kt[row * K + j] = fromf<floatX>(precond_key_scale(a, cs, lnx, eps, &inv) * kj);
     }
 }
@@ -2053,9 +2059,10 @@ __global__ void precond_dc_kernel(float* dlas, const float* dcp, int B, int H, i
     if (threadIdx.x == 0) { dlas[h] += s; }
 }
 
-// the buffers of the three-pass scan: the layer keeps astat (rows, K); ca, cb (nq, K) and cc, cd (nq) are scratch
-// (forward: chunk ends, carries, chunk decays; backward: first-row values, incoming, dlog_atk_scale parts, decays)
-struct PrecondBufs { float *ca, *cb, *cc, *cd, *astat; };
+// the buffers of the three-pass scan: the layer keeps carry (nq, K), the chunk-start statistic; astat (rows, K) is
+// one buffer for all layers (the layer being differentiated); ca, cb (nq, K) and cc, cd (nq) are scratch (forward:
+// chunk ends, chunk decays; backward: first-row values, incoming, dlog_atk_scale parts, decays)
+struct PrecondBufs { float *ca, *cb, *cc, *cd, *astat, *carry; };
 
 // a warp-per-chunk pass for CPT = K / 32 rounded up to 1, 2, 4 or 8 (K <= 256: checked at startup)
 #define PRECOND_PASS(kernel, nq, K, ...)                                                                              \
@@ -2067,14 +2074,22 @@ struct PrecondBufs { float *ca, *cb, *cc, *cd, *astat; };
         else { kernel<8><<<blocks_, threads_, 0, main_stream>>>(__VA_ARGS__); }                                     \
     } while (0)
 
-// k̃ (hm floatX) from k̂, gP, betaP (rows); a0 / a_final (B, H, K) optional (generation)
+// k̃ (hm floatX) and pb.carry from k̂, gP, betaP (rows), and the statistic where pb.astat is not null; a0 / a_final
+// (B, H, K) optional (generation)
 static void precond_diag_forward(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
                                  const floatX* log_atk_scale, const float* a0, float* a_final, int B, int H, int NC, int C,
                                  int K, float x, float eps) {
     long nq = (long)B * H * NC;
     PRECOND_PASS(precond_end_kernel, nq, K, pb.ca, pb.cc, k, gp, bp, nq, C, K);
-    precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cc, a0, a_final, NC, K);
-    precond_fix_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.cb, k, gp, bp, log_atk_scale, H, NC, C, K, logf(x), eps);
+    precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.carry, pb.ca, pb.cc, a0, a_final, NC, K);
+    precond_fix_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.carry, k, gp, bp, log_atk_scale, H, NC, C, K, logf(x), eps);
+    cudaCheck(cudaGetLastError());
+}
+// k̃ and the statistic again, bit for bit, from the kept pb.carry (the backward's remake: pass 3 alone)
+static void precond_diag_remake(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
+                                const floatX* log_atk_scale, int B, int H, int NC, int C, int K, float x, float eps) {
+    precond_fix_kernel<<<(long)B * H * NC, K, 0, main_stream>>>(kt, pb.astat, pb.carry, k, gp, bp, log_atk_scale, H, NC, C,
+                                                                K, logf(x), eps);
     cudaCheck(cudaGetLastError());
 }
 
@@ -2092,7 +2107,7 @@ static void precond_diag_backward(float* dk, float* dgp, float* dbp, float* dlas
     precond_dc_kernel<<<H, 256, 0, main_stream>>>(dlas, pb.cc, B, H, NC);
     cudaCheck(cudaGetLastError());
 }
-// the scan's scratch (the layer's astat is added where the layer's tensors are)
+// the scan's scratch (the layer's carry and the shared astat are added where the activations are)
 static void precond_scratch_add(Arena& ar, PrecondBufs* pb, long nq, int K) {
     ar.add(&pb->ca, nq * K); ar.add(&pb->cb, nq * K); ar.add(&pb->cc, nq); ar.add(&pb->cd, nq);
 }
@@ -4193,7 +4208,7 @@ struct MixerScratch {
     float *dP, *dA, *dZ, *dbetaA;                   // (nq, C, C), dZ = dW Wᵀ + dV' Uᵀ; dbetaA (rows)
     floatX *dPm, *dMm;
     float *dq_s, *dkh_s, *dkt_s;
-    PrecondBufs pc;                                 // diagonal preconditioner scan scratch (astat: the layer's)
+    PrecondBufs pc;                                 // diagonal preconditioner scan scratch (carry: the layer's)
     float* Of;                                      // (rows, V) O in fp32 where batched GEMMs make it (bf16, no WMMA scan)
     float *gB, *gT, *gS;                            // two-level scans: (B H G, K, V) the groups' B, (B H G, K, K) their
                                                     // transitions, (B H G, K, V) their start states (forward, then backward)
@@ -5376,6 +5391,7 @@ struct LayerActs {
     floatX *f1, *g_pre; float* g;              // (N, V); (N, H*gw); hm (rows, gw)
     floatX *gp_pre, *bp_pre; float *gp, *betap, *pstate;
     float* astat;                              // hm (rows, Kp) the diagonal preconditioner's statistic (Acts' shared one)
+    float* pcarry;                             // (nq, Kp) the diagonal preconditioner's statistic at each chunk's start
     MixerSaved mx;
     float* o_rstd;                             // (N*H)
     floatX *g1, *gz, *og;                      // output gate (N, V), (N, HV); og (N, HV) W_o's input (gz, og: Acts' shared ones)
@@ -5553,6 +5569,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
         if (gk) { ar.add(&la.g_pre, N * H * gw); ar.add(&la.g, rows * gwp); }
         if (diag) {
             ar.add(&la.gp_pre, N * H); ar.add(&la.bp_pre, N * H); ar.add(&la.gp, rows); ar.add(&la.betap, rows);
+            ar.add(&la.pcarry, (long)B * H * NC * Kp); // 2 MiB at the 340m shape: k̃'s remake is then one pass
         }
         if (exact) { ar.add(&la.pstate, (long)B * H * (NC + 1) * Kp * Kp); }
         mixer_saved_add(ar, &la.mx, a.cs, plan);
@@ -5564,7 +5581,7 @@ static Acts acts_alloc(const Model* m, int B, int T, int with_grads, int recompu
     if (n_attn < L) { ar.add(&a.og, N * HV); }                        // the gated output norm, W_o's input
     if (n_attn < L && c->out_gate) { ar.add(&a.gz, N * HV); }          // the output gate's pre-activation
     if (n_attn < L && plan.scan_wmma) { ar.add(&a.vn, rows * Vp); ar.add(&a.o, rows * Vp); } // V', O (mixer_remake)
-    if (diag) { ar.add(&a.kt, rows * Kp); ar.add(&a.astat, rows * Kp); } // k̃ and the preconditioner's statistic
+    if (diag) { ar.add(&a.kt, rows * Kp); if (with_grads) { ar.add(&a.astat, rows * Kp); } } // k̃, the statistic
     ar.add(&a.lnf, N * d); ar.add(&a.lnf_rstd, N);
     ar.add(&a.losses, N); ar.add(&a.argmax, N);
     ar.add(&a.ymix, N * d); ar.add(&a.ymlp, N * d);
@@ -6069,7 +6086,9 @@ static void attn_layer_backward(Model* m, Acts* a, int l) {
 // Forward over a->tokens (B, T) into a->logits. rs: null for training, else the recurrent state, read and advanced.
 // One layer from its ln1 (in a->ln) to the MLP's activation (a->ma) and, unless for_backward (the backward's
 // recompute needs no W_down output), the MLP's output a->ymlp. Writes the layer's LayerActs.
-// the diagonal preconditioner: k̃ and the statistic of layer l (la.kt, la.astat) from its k̂ and gates
+// the diagonal preconditioner: k̃ of layer l (la.kt) and its chunk-start statistic (la.pcarry) from its k̂ and gates,
+// and the statistic (la.astat) where the backward reads this forward's (stat: the last layer, or --recompute's run
+// in the backward); remake (the backward): k̃ and the statistic again from the kept la.pcarry
 // Packed documents: the diagonal preconditioner's statistic restarts from 0 at a document's first token, which is its
 // recurrence a_t = exp(gP_t) a_{t-1} + u_t with the decay exp(gP_t) = 0 there. So its scans run unchanged on a copy of
 // gP with -inf at those tokens: every exp of a sum through one is 0, and the backward's dgP there, exp(gP_t) times a
@@ -6104,16 +6123,23 @@ static void acts_docs(Acts* a, const int* doc) {
     a->cs.doc = a->doc;
 }
 
-static void precond_layer_forward(const Model* m, Acts* a, int l, RecState* rs) {
+static void precond_layer_forward(const Model* m, Acts* a, int l, RecState* rs, int stat, int remake) {
     const PdnConfig* c = &m->cfg;
     const PdnLayout* lay = &m->lay;
     LayerActs& la = a->L[l];
     int H = c->n_head, Kp = a->cs.K;
     float* a0 = rs ? rs->a + (long)l * rs->B * H * Kp : nullptr; // (the padded channels: zero keys, statistic and k̃)
     PrecondBufs pb = a->sc.pc;
-    pb.astat = la.astat;
-    precond_diag_forward(la.kt, pb, la.kn, doc_gate(a, la), la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, a->B, H, a->NC, m->C,
-                         Kp, c->squash_x, c->precond_eps);
+    pb.carry = la.pcarry;
+    pb.astat = stat || remake ? la.astat : nullptr;
+    const float* gp = doc_gate(a, la);
+    if (remake) {
+        precond_diag_remake(la.kt, pb, la.kn, gp, la.betap, PP(T_LOG_ATK_SCALE, l), a->B, H, a->NC, m->C, Kp, c->squash_x,
+                            c->precond_eps);
+    } else {
+        precond_diag_forward(la.kt, pb, la.kn, gp, la.betap, PP(T_LOG_ATK_SCALE, l), a0, a0, a->B, H, a->NC, m->C, Kp,
+                             c->squash_x, c->precond_eps);
+    }
 }
 
 // the output norm of layer l's mixer output, times the output gate if the variant has one (its pre-activation
@@ -6183,7 +6209,9 @@ static void layer_forward(const Model* m, Acts* a, int l, RecState* rs, int for_
     } }
     { PROF("fwd.precond");
     if (c->precond == PRECOND_DIAG) {
-        precond_layer_forward(m, a, l, rs);
+        // the backward reads this statistic unless it makes the layer's again (mixer_remake's layers)
+        int stat = a->with_grads && (l == m->cfg.n_layer - 1 || for_backward);
+        precond_layer_forward(m, a, l, rs, stat, 0);
     } else if (c->precond == PRECOND_EXACT) {
         float* P0 = rs ? rs->P + lb * H * Kp * Kp : nullptr;
         size_t sm = ((size_t)Kp * Kp + 2 * Kp) * sizeof(float);
@@ -6317,10 +6345,10 @@ static void pdn_backward(Model* m, Acts* a, const int* host_tokens) {
                 layer_forward(m, a, l, nullptr, 1);
             } else {
                 rmsnorm_apply(a->ln, la.h, la.ln2_rstd, PP(T_MLP_NORM, l), N, d);
-                // what all mixer layers share (Acts' kt, astat, the mixer scratch, vn, o, gz, og) holds layer l + 1's:
+                // what all mixer layers share (Acts' kt, the mixer scratch, vn, o, gz, og) holds layer l + 1's:
                 // layer l's again, bit for bit, in dependency order (k̃, then W U Qg Kd V' O, then the output norm)
                 if (!pdn_is_attn(c, l)) {
-                    if (c->precond == PRECOND_DIAG) { precond_layer_forward(m, a, l, nullptr); }
+                    if (c->precond == PRECOND_DIAG) { precond_layer_forward(m, a, l, nullptr, 0, 1); }
                     mixer_remake(&la.mx, &a->sc, la.qn, la.kn, la.kt, la.v, la.beta, la.g, a->cs);
                     onorm_layer_forward(m, a, l);
                 }

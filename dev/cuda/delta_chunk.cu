@@ -316,7 +316,7 @@ static void delta_dev_alloc(DeltaDev& d, const ChunkShape& s, int precond) {
     mixer_scratch_grads_add(ar, &d.sc, every, all);
     if (precond) {
         precond_scratch_add(ar, &d.pb, s.nq, K);
-        ar.add(&d.pb.astat, rows * K);
+        ar.add(&d.pb.astat, rows * K); ar.add(&d.pb.carry, s.nq * K);
         ar.add(&d.gp, rows); ar.add(&d.bp, rows); ar.add(&d.las, H);
         ar.add(&d.dgp, rows); ar.add(&d.dbp, rows); ar.add(&d.dlas, H);
     }
@@ -500,7 +500,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
 // The device memory the trainer's buffer lists give the mixer at shape s under its plan, in MiB: kept per layer for
 // the backward (mixer_saved_add), and the scratch all layers share (forward and backward parts, V' and O where the
 // tensor-core scans make them again, the preconditioner's statistic) counted without the trainer's overlays, so an
-// upper bound. Sizes only: nothing is allocated.
+// upper bound; the preconditioner's chunk-start statistic is kept. Sizes only: nothing is allocated.
 static void mixer_mib(const ChunkShape& s, int precond, double* kept, double* shared) {
     MixerPlan p = mixer_plan(s);
     Arena a, b;
@@ -511,9 +511,9 @@ static void mixer_mib(const ChunkShape& s, int precond, double* kept, double* sh
     mixer_scratch_grads_add(b, &sc, s, p);
     long rows = s.nq * s.C;
     floatX *vn, *o;
-    float* astat;
+    float *astat, *carry;
     if (p.scan_wmma) { b.add(&vn, rows * s.V); b.add(&o, rows * s.V); }
-    if (precond) { b.add(&astat, rows * s.K); }
+    if (precond) { b.add(&astat, rows * s.K); a.add(&carry, s.nq * s.K); } // the layer keeps the chunk-start statistic
     *kept = a.pending() / 1048576.0;
     *shared = b.pending() / 1048576.0;
 }

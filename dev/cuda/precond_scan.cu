@@ -26,11 +26,22 @@ Versions:
   v5  v3 with __logf / __expf / __fdividef (a thread per channel): fwd 0.145 ms, bwd 0.387 ms; per pass: end 41 us,
       fix 83, first_bwd 99, fix_bwd 245 (the carries ~15 us each; the dlog_atk_scale sum, then one block, 18 us: every
       version now uses v6's)
-  v6  the trainer's kernels: the faster layout per pass (end and fix_bwd from v4: precond_end_kernel,
+  v6  the trainer's kernels until 2026-12-07: the faster layout per pass (end and fix_bwd from v4: precond_end_kernel,
       precond_fix_bwd_kernel; fix and first_bwd from v5: precond_fix_kernel, precond_first_bwd_kernel) and the
       dlog_atk_scale sum by a block per head (precond_dc_kernel): fwd 0.145 ms, bwd 0.358 ms; then the carry passes
       with their loads off the sequential chain (restrict, unrolled): 0.140 / 0.351 ms, and at B1 T16384 0.125 ->
-      0.087 / 0.301 -> 0.267 ms (the carries had taken ~0.1 ms each there)
+      0.087 / 0.301 -> 0.267 ms (the carries had taken ~0.1 ms each there). The trainer ran all three passes, the
+      statistic stored, in the forward and again in the backward's remake of k̃ ("remake" column = fwd)
+  v7  no statistic tensor at all (2026-12-07, not kept): the forward keeps its carries (nq, K) and stores no
+  v8  statistic, the remake is pass 3 alone, and the backward's passes 1 and 3 (a thread per channel) make the
+  v9  statistic again from the carries into shared memory, a segment of S rows at a time (v7 S = C, v8 C/2, v9 C/4),
+      and walk it in reverse. H100, 2026-12-07, B16 T2048: fwd 0.166 -> 0.113, remake 0.166 -> 0.071, but bwd 0.430
+      -> 0.752 / 0.551 / 0.541 ms: a layer 0.762 -> 0.936 / 0.734 / 0.725 ms; end to end with S = C, pgdn-340m
+      117,560 / 116,908 against 118,577 / 118,844 tok/s (-1.2%)
+  v10 the trainer's since 2026-12-07: v7's forward and remake, but the remake (or the forward of a layer whose backward
+      makes nothing again) stores the statistic, and the backward is v6's: fwd 6 bytes an element, remake 8, bwd 28.
+      In the trainer: the debug states equal v6's byte for byte (scripts/bitcmp.sh, 13 rows, H100), pgdn-340m
+      16 x 2048 +0.6% (results/conv_precond_2026-12-07_h100/). This lab's v10 rows have not run on a GPU yet.
 
 CPU reference: precond_diag_forward / precond_diag_backward of train_pdn.c, in double, from the inputs as the device
 sees them (k̂ and log_atk_scale rounded to floatX).
@@ -43,21 +54,22 @@ so v1 has only 8 blocks).
 
 Build and run (from the repository root):
   make -C dev/cuda precond_scan precond_scan_fp32
-  dev/cuda/precond_scan [1..6] [--no-bench]
+  dev/cuda/precond_scan [1..10] [--no-bench]
 */
 #define TESTING
 #include "../../train_pdn.cu"
 #include "common.h"
 
-#define NVERSIONS 6
+#define NVERSIONS 10
 static const double TOL_F32 = 1e-4;
 #ifdef ENABLE_FP32
 static const double TOL_KT = 1e-4;
 #else
 static const double TOL_KT = 1e-2;
 #endif
-static const char* VERSION_NAME[7] = {"", "v1 sequential", "v2 chunked", "v3 recompute", "v4 warp/chunk", "v5 v3 + fast",
-                                        "v6 v4/v5 mix"};
+static const char* VERSION_NAME[11] = {"", "v1 sequential", "v2 chunked", "v3 recompute", "v4 warp/chunk", "v5 v3 + fast",
+                                        "v6 v4/v5 mix", "v7 no stat C", "v8 no stat C/2", "v9 no stat C/4", "v10 carries"};
+static const int SEG_DIV[11] = {0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 0}; // v7-v9: the backward's segment is C / SEG_DIV
 static const int CHUNK = 64;
 static const float PC_X = 1.5f, PC_EPS = 1e-6f;
 
@@ -129,6 +141,20 @@ __global__ void precond_backward_seq_kernel(float* dk, float* dgp, float* dbp, f
     }
     float tot = block_sum(on ? dcs : 0.0f);
     if (threadIdx.x == 0) { dcs_out[bh] = tot; }
+}
+
+// the per-token sums of a block's warps (part: per row, per warp), in warp order, after a barrier: dgp = Σ, times exp(gP)
+// where the warps summed without the decay (times_decay); dbp = Σ
+__device__ __forceinline__ void rows_from_warps(float* dgp, float* dbp, float (*part)[GPU_CHUNK_MAX][8], const float* gp,
+                                                long r0, int C, bool times_decay) {
+    __syncthreads();
+    int nw = blockDim.x / 32;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float tg = 0.0f, tb = 0.0f;
+        for (int w = 0; w < nw; w++) { tg += part[0][i][w]; tb += part[1][i][w]; }
+        dgp[r0 + i] = times_decay ? __expf(gp[r0 + i]) * tg : tg;
+        dbp[r0 + i] = tb;
+    }
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -227,7 +253,7 @@ __global__ void precond_fix_bwd_v2_kernel(float* __restrict__ dk, float* __restr
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
-    int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
+    int lane = j % 32, warp = j / 32;
     float in = j < K ? incoming[q * K + j] : 0.0f, glast = GPc[r0 + C - 1];
     #pragma unroll 4
     for (int i = 0; i < C; i++) {
@@ -245,13 +271,7 @@ __global__ void precond_fix_bwd_v2_kernel(float* __restrict__ dk, float* __restr
         sb = warp_sum(sb);
         if (lane == 0) { part[0][i][warp] = sg; part[1][i][warp] = sb; }
     }
-    __syncthreads();
-    for (int i = j; i < C; i += blockDim.x) {
-        float tg = 0.0f, tb = 0.0f;
-        for (int w = 0; w < nw; w++) { tg += part[0][i][w]; tb += part[1][i][w]; }
-        dgp[r0 + i] = tg;
-        dbp[r0 + i] = tb;
-    }
+    rows_from_warps(dgp, dbp, part, gp, r0, C, false);
 }
 
 static void precond_diag_forward_v2(floatX* kt, const PrecondBufs& pb, float* loc, float* gpc, const floatX* k, const float* gp,
@@ -351,7 +371,7 @@ __global__ void precond_fix_bwd_v3_kernel(float* __restrict__ dk, float* __restr
     long q = blockIdx.x, r0 = q * C;
     int j = threadIdx.x;
     __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256): summed in warp order after the loop
-    int lane = j % 32, warp = j / 32, nw = blockDim.x / 32;
+    int lane = j % 32, warp = j / 32;
     bool on = j < K;
     float c = tof(log_atk_scale[(q / NC) % H]);
     float nxt = on ? incoming[q * K + j] : 0.0f;                    // d_{t+1} abar_{t+1} for the chunk's last row
@@ -375,13 +395,7 @@ __global__ void precond_fix_bwd_v3_kernel(float* __restrict__ dk, float* __restr
         sb = warp_sum(sb);
         if (lane == 0) { part[0][i][warp] = sg; part[1][i][warp] = sb; }
     }
-    __syncthreads();
-    for (int i = j; i < C; i += blockDim.x) {
-        float tg = 0.0f, tb = 0.0f;
-        for (int w = 0; w < nw; w++) { tg += part[0][i][w]; tb += part[1][i][w]; }
-        dgp[r0 + i] = tg;
-        dbp[r0 + i] = tb;
-    }
+    rows_from_warps(dgp, dbp, part, gp, r0, C, false);
 }
 template <bool FAST>
 static void precond_diag_forward_v3(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
@@ -497,6 +511,120 @@ static void precond_diag_backward_v4(float* dk, float* dgp, float* dbp, float* d
 }
 
 // ----------------------------------------------------------------------------------------------------
+// v6: the trainer's launch sequence until 2026-12-07 (every forward and remake: all three passes, the statistic stored)
+static void precond_diag_forward_v6(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
+                                    const floatX* log_atk_scale, int B, int H, int NC, int C, int K, float x, float eps) {
+    PrecondBufs t = pb;
+    t.carry = pb.cb; // its carries were scratch
+    precond_diag_forward(kt, t, k, gp, bp, log_atk_scale, nullptr, nullptr, B, H, NC, C, K, x, eps);
+}
+
+// ----------------------------------------------------------------------------------------------------
+// v7-v9: no statistic tensor; the backward makes it again from the kept carries, a segment of S rows at a time
+
+// The backward's walk over a chunk (a thread per channel j): the statistic of the segment's rows s0 .. s0+S-1 made
+// again from the chunk's start value into seg (S, K) (this thread's column only: no barrier); returns the value
+// before row s0. Rows before s0 are run through again without being kept (a segment of S < C rows keeps the shared
+// memory small, at C (C/S + 1) / 2 steps per chunk instead of C).
+__device__ __forceinline__ float precond_segment_v7(float* seg, float a, const floatX* __restrict__ k,
+                                                 const float* __restrict__ gp, const float* __restrict__ bp, long r0, int s0,
+                                                 int S, int j, int K) {
+    float before = a;
+    #pragma unroll 4
+    for (int i = 0; i < s0 + S; i++) {
+        long row = r0 + i;
+        a = precond_step(a, __expf(gp[row]), bp[row], tof(k[row * K + j]));
+        if (i == s0 - 1) { before = a; }
+        if (i >= s0) { seg[(i - s0) * K + j] = a; }
+    }
+    return before;
+}
+// backward pass 1 (reverse, from zero at the chunk end; a thread per channel): cfirst (nq, K) = the local abar at the
+// chunk's first row; dcp (nq) = this chunk's part of dlog_atk_scale = -Σ dr (block sum, fixed order); cdl (nq) =
+// exp(Σ gP over the chunk's rows after the first): the decay from its first row to its end. Shared: (S, K) floats.
+__global__ void precond_first_bwd_v7_kernel(float* __restrict__ cfirst, float* __restrict__ dcp, float* __restrict__ cdl,
+                                         const float* __restrict__ carry, const float* __restrict__ dkt,
+                                         const floatX* __restrict__ k, const float* __restrict__ gp,
+                                         const float* __restrict__ bp, const floatX* __restrict__ log_atk_scale, int H,
+                                         int NC, int C, int S, int K, float lnx, float eps) {
+    extern __shared__ float pc_seg[];
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x;
+    float acc = 0.0f, dcs = 0.0f, G1 = 0.0f, dn = 0.0f, cs = tof(log_atk_scale[(q / NC) % H]); // dn: the next row's decay
+    if (j < K) {
+        for (int s0 = C - S; s0 >= 0; s0 -= S) {
+            precond_segment_v7(pc_seg, carry[q * K + j], k, gp, bp, r0, s0, S, j, K);
+            #pragma unroll 4
+            for (int i = s0 + S - 1; i >= s0; i--) {
+                long row = r0 + i;
+                float m, dr, u = precond_key_grad(pc_seg[(i - s0) * K + j], tof(k[row * K + j]), dkt[row * K + j], cs, lnx,
+                                                  eps, &m, &dr);
+                dcs -= dr;
+                acc = u + dn * acc;
+                float g = gp[row];
+                if (i > 0) { G1 += g; }
+                dn = __expf(g);
+            }
+        }
+        cfirst[q * K + j] = acc;
+    }
+    float tot = block_sum(j < K ? dcs : 0.0f);
+    if (threadIdx.x == 0) { dcp[q] = tot; cdl[q] = __expf(G1); }
+}
+// backward pass 3 (reverse, from incoming; a thread per channel): abar_t = dr_t / (a_t + eps) + d_{t+1} abar_{t+1};
+// dk += g m + 2 betaP k abar; per token dgP = d_t Σ_j abar a_{t-1}, dbetaP = Σ_j abar k² (warp sums, then the warps
+// in order after the walk). Shared: (S, K) floats.
+__global__ void precond_fix_bwd_v7_kernel(float* __restrict__ dk, float* __restrict__ dgp, float* __restrict__ dbp,
+                                       const float* __restrict__ carry, const float* __restrict__ incoming,
+                                       const float* __restrict__ dkt, const floatX* __restrict__ k,
+                                       const float* __restrict__ gp, const float* __restrict__ bp,
+                                       const floatX* __restrict__ log_atk_scale, int H, int NC, int C, int S, int K,
+                                       float lnx, float eps) {
+    extern __shared__ float pc_seg[];
+    __shared__ float part[2][GPU_CHUNK_MAX][8]; // per row, per warp (K <= 256)
+    long q = blockIdx.x, r0 = q * C;
+    int j = threadIdx.x, lane = j % 32, warp = j / 32;
+    bool on = j < K;
+    float cs = tof(log_atk_scale[(q / NC) % H]);
+    float nxt = on ? incoming[q * K + j] : 0.0f; // d_{t+1} abar_{t+1}
+    for (int s0 = C - S; s0 >= 0; s0 -= S) {
+        float before = on ? precond_segment_v7(pc_seg, carry[q * K + j], k, gp, bp, r0, s0, S, j, K) : 0.0f;
+        #pragma unroll 2
+        for (int i = s0 + S - 1; i >= s0; i--) {
+            long row = r0 + i;
+            float d = __expf(gp[row]), sg = 0.0f, sb = 0.0f;
+            if (on) {
+                float kj = tof(k[row * K + j]), g = dkt[row * K + j];
+                float aprev = i > s0 ? pc_seg[(i - 1 - s0) * K + j] : before; // a_{t-1} (the carry: 0 before a sequence)
+                float m, dr, ab = precond_key_grad(pc_seg[(i - s0) * K + j], kj, g, cs, lnx, eps, &m, &dr) + nxt;
+                sg = ab * aprev;
+                sb = ab * kj * kj;
+                dk[row * K + j] += g * m + 2.0f * bp[row] * kj * ab;
+                nxt = d * ab;
+            }
+            sg = warp_sum(sg);
+            sb = warp_sum(sb);
+            if (lane == 0) { part[0][i][warp] = sg; part[1][i][warp] = sb; }
+        }
+    }
+    rows_from_warps(dgp, dbp, part, gp, r0, C, true);
+}
+static void precond_diag_backward_v7(float* dk, float* dgp, float* dbp, float* dlas, const PrecondBufs& pb, const float* dkt,
+                                     const floatX* k, const float* gp, const float* bp, const floatX* log_atk_scale, int B,
+                                     int H, int NC, int C, int S, int K, float x, float eps) {
+    long nq = (long)B * H * NC;
+    int kthreads = (K + 31) / 32 * 32;
+    size_t sm = (size_t)S * K * sizeof(float); // <= 32 KB at the lab's shapes (C = 64, K <= 128)
+    precond_first_bwd_v7_kernel<<<nq, kthreads, sm, main_stream>>>(pb.ca, pb.cc, pb.cd, pb.carry, dkt, k, gp, bp,
+                                                                   log_atk_scale, H, NC, C, S, K, logf(x), eps);
+    precond_carry_bwd_kernel<<<B * H, K, 0, main_stream>>>(pb.cb, pb.ca, pb.cd, gp, NC, C, K);
+    precond_fix_bwd_v7_kernel<<<nq, kthreads, sm, main_stream>>>(dk, dgp, dbp, pb.carry, pb.cb, dkt, k, gp, bp, log_atk_scale,
+                                                                 H, NC, C, S, K, logf(x), eps);
+    precond_dc_kernel<<<H, 256, 0, main_stream>>>(dlas, pb.cc, B, H, NC);
+    cudaCheck(cudaGetLastError());
+}
+
+// ----------------------------------------------------------------------------------------------------
 // buffers and the versions' launch sequences
 
 struct PcDev {
@@ -518,7 +646,7 @@ static void pc_alloc(PcDev& d, const ChunkShape& s) {
     ar.add(&d.gp, rows); ar.add(&d.bp, rows); ar.add(&d.dkt, rows * K); ar.add(&d.dk, rows * K);
     ar.add(&d.dgp, rows); ar.add(&d.dbp, rows); ar.add(&d.dlas, s.H); ar.add(&d.dcs, (long)s.B * s.H);
     precond_scratch_add(ar, &d.pb, nq, K);
-    ar.add(&d.pb.astat, rows * K); ar.add(&d.loc, rows * K); ar.add(&d.gpc, rows);
+    ar.add(&d.pb.astat, rows * K); ar.add(&d.pb.carry, nq * K); ar.add(&d.loc, rows * K); ar.add(&d.gpc, rows);
     ar.alloc();
 }
 
@@ -535,8 +663,12 @@ static void pc_forward(PcDev& d, int v) {
         fwd(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
     } else if (v == 4) {
         precond_diag_forward_v4(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
-    } else {
-        lab_precond_diag_forward(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
+    } else if (v == 6) {
+        precond_diag_forward_v6(d.kt, d.pb, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
+    } else { // v7-v10: the trainer's forward of a layer whose backward makes the statistic again (none stored)
+        PrecondBufs t = d.pb;
+        t.astat = nullptr;
+        lab_precond_diag_forward(d.kt, t, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
     }
 }
 static void pc_backward(PcDev& d, int v) {
@@ -557,9 +689,21 @@ static void pc_backward(PcDev& d, int v) {
     } else if (v == 4) {
         precond_diag_backward_v4(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K,
                                  PC_X, PC_EPS);
-    } else {
+    } else if (v >= 7 && v <= 9) {
+        precond_diag_backward_v7(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C,
+                                 s.C / SEG_DIV[v], s.K, PC_X, PC_EPS);
+    } else { // v6, v10: the trainer's backward (the statistic from the forward (v6) or the remake (v10))
         lab_precond_diag_backward(d.dk, d.dgp, d.dbp, d.dlas, d.pb, d.dkt, d.k, d.gp, d.bp, d.las, s, PC_X, PC_EPS);
     }
+}
+// the backward's remake of k̃ in the trainer: v1-v6 the forward again; v7-v9 pass 3 from the kept carries; v10 the
+// same storing the statistic (the backward's input)
+static void pc_remake(PcDev& d, int v) {
+    const ChunkShape& s = d.s;
+    if (v <= 6) { pc_forward(d, v); return; }
+    PrecondBufs t = d.pb;
+    if (v < 10) { t.astat = nullptr; }
+    precond_diag_remake(d.kt, t, d.k, d.gp, d.bp, d.las, s.B, s.H, s.NC, s.C, s.K, PC_X, PC_EPS);
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -665,6 +809,8 @@ static void validate_case(int version_sel, int K, uint64_t seed) {
         cudaCheck(cudaMemset(d.dk, 0, rows * K * sizeof(float)));  // accumulated into (+=), as in the trainer
         cudaCheck(cudaMemset(d.dlas, 0, H * sizeof(float)));
         pc_forward(d, v);
+        std::vector<floatX> kt_fwd = lab_download(d.kt, rows * K);
+        if (v >= 7) { pc_remake(d, v); } // as the trainer's backward begins (v7-v10 need it)
         pc_backward(d, v);
         cudaCheck(cudaGetLastError());
         cudaCheck(cudaDeviceSynchronize());
@@ -676,7 +822,14 @@ static void validate_case(int version_sel, int K, uint64_t seed) {
             lab_check(what, rel_l2(g.data(), ref.data(), g.size()), tol);
         };
         cmp("kt", lab_download_x(d.kt, rows * K), K, r.kt, TOL_KT);
-        cmp("astat", lab_download(d.pb.astat, rows * K), K, r.astat, TOL_F32);
+        if (v <= 6 || v == 10) { cmp("astat", lab_download(d.pb.astat, rows * K), K, r.astat, TOL_F32); }
+        if (v >= 7) { // the remake from the kept carries: the forward's k̃, bit for bit
+            std::vector<floatX> kt_re = lab_download(d.kt, rows * K);
+            long bad = 0;
+            for (size_t i = 0; i < kt_re.size(); i++) { bad += memcmp(&kt_re[i], &kt_fwd[i], sizeof(floatX)) != 0; }
+            snprintf(what, sizeof what, "%s kt remade = the forward's", tag);
+            lab_check_exact(what, bad, (long)kt_re.size());
+        }
         cmp("dk", lab_download(d.dk, rows * K), K, r.dk, TOL_F32);
         cmp("dgp", lab_download(d.dgp, rows), 1, r.dgp, TOL_F32);
         cmp("dbetap", lab_download(d.dbp, rows), 1, r.dbp, TOL_F32);
@@ -690,9 +843,11 @@ static void validate_case(int version_sel, int K, uint64_t seed) {
 static void bench(int version_sel) {
     struct Shape { int B, H, T, K; };
     const Shape shapes[2] = {{16, 8, 2048, 128}, {1, 8, 16384, 128}};
-    printf("\n=== timing: precond_scan (%s); GB/s counts the minimal traffic (fwd: k in, astat + kt out; "
-           "bwd: dkt, k, astat in, dk in+out) ===\n", PRECISION_NAME);
-    printf("%-14s %3s %2s %6s %4s %10s %8s %10s %8s\n", "version", "B", "H", "T", "K", "fwd ms", "GB/s", "bwd ms", "GB/s");
+    printf("\n=== timing: precond_scan (%s); GB/s counts v6's traffic (fwd: k in, astat + kt out; bwd: dkt, k, astat in, "
+           "dk in+out); remake: k̃ again in the trainer's backward (v1-v6: the forward again; v7-v10: pass 3 from the "
+           "kept carries); layer = fwd + remake + bwd ===\n", PRECISION_NAME);
+    printf("%-15s %3s %2s %6s %4s %10s %8s %10s %10s %8s %10s\n", "version", "B", "H", "T", "K", "fwd ms", "GB/s", "remake ms",
+           "bwd ms", "GB/s", "layer ms");
     for (const Shape& sh : shapes) {
         int NC = sh.T / CHUNK;
         ChunkShape s{sh.B, sh.H, sh.T, sh.T, CHUNK, NC, sh.K, sh.K, 0, (long)sh.B * sh.H * NC, nullptr};
@@ -709,10 +864,12 @@ static void bench(int version_sel) {
         for (int v = 1; v <= NVERSIONS; v++) {
             if (version_sel && v != version_sel) { continue; }
             double tf = bench_ms([&] { pc_forward(d, v); });
-            pc_forward(d, v); // astat for the backward
+            double tr = bench_ms([&] { pc_remake(d, v); });
+            pc_forward(d, v); // the statistic (or the carries) for the backward
+            if (v >= 7) { pc_remake(d, v); }
             double tb = bench_ms([&] { pc_backward(d, v); });
-            printf("%-14s %3d %2d %6d %4d %10.3f %8.0f %10.3f %8.0f\n", VERSION_NAME[v], sh.B, sh.H, sh.T, sh.K, tf,
-                   fbytes / tf / 1e6, tb, bbytes / tb / 1e6);
+            printf("%-15s %3d %2d %6d %4d %10.3f %8.0f %10.3f %10.3f %8.0f %10.3f\n", VERSION_NAME[v], sh.B, sh.H, sh.T, sh.K,
+                   tf, fbytes / tf / 1e6, tr, tb, bbytes / tb / 1e6, tf + tr + tb);
             fflush(stdout);
         }
         d.ar.release();
