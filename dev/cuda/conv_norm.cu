@@ -31,6 +31,17 @@ Versions:
       are D/NV rounded up to one; the extra lanes hold no channels and add zeros to the group sums), so the 1b
       KDA's D = 120 (30 of 32 lanes) leaves the v2 tiles (at that shape the tiles took fwd 0.155 / bwd 0.438 ms
       against v4's 0.114 / 0.197 at D = 128). The timing shape also runs at D = 120 (rows of 128).
+  v7  streams (lab only): v6's lanes (4 channels each, D/4 up to 32), but each token group
+      walks 32 consecutive tokens with the taps' rows in a register window instead of a block staging a 64-token tile
+      in shared memory: every z row is loaded once (v6 reads it cs times from shared memory), no barrier, the next rows'
+      loads in flight while the current ones are computed. The backward walks in reverse (dpre's window ahead of the
+      token, z's behind it). pre, out, rstd and dz are v6's bit for bit (the same sums in the same order: checked
+      here); dw's per-stream partials sum in another order.
+  v8  v7 with 64 tokens a stream. Measured on an H100 (2026-12-07, results/conv_precond_2026-12-07_h100/), v6 / v7 /
+      v8 in ms, D = 128: fwd 0.125 / 0.123 / 0.118, bwd 0.206 / 0.254 / 0.227; D = 120: fwd 0.117 / 0.122 / 0.121, bwd
+      0.185 / 0.244 / 0.228. The forward gains what one load a row saves, the backward loses more: its windows take 128
+      registers and spill (2 blocks of 8 warps an SM against v6's 4), and each step's loads wait on the step before.
+      In the trainer, pgdn-340m 16 x 2048 lost 0.7% with v7 (119,823 / 119,925 against 120,934 / 120,466 tok/s).
 
 CPU reference in double from the inputs as the device sees them (z, w, history rounded to floatX; pre and o rounded
 to floatX where the device stores or rounds them).
@@ -46,20 +57,20 @@ Timing: B=16, H=8, T=2048, D=128, cs=4, with norm (one of q, k at the 340m shape
 
 Build and run (from the repository root):
   make -C dev/cuda conv_norm conv_norm_fp32
-  dev/cuda/conv_norm [1|2|3|4|5] [--no-bench]
+  dev/cuda/conv_norm [1|2|3|4|5|6|7|8] [--no-bench]   (v7, v8 alone also run v6, the reference of their bit comparison)
 */
 #define TESTING
 #include "../../train_pdn.cu"
 #include "common.h"
 
-#define NVERSIONS 6
+#define NVERSIONS 8
 #ifdef ENABLE_FP32
 static const double TOL_X = 1e-5, TOL_DX = 1e-4, TOL_RSTD = 1e-5, TOL_DW = 1e-4;
 #else
 static const double TOL_X = 1e-2, TOL_DX = 1e-2, TOL_RSTD = 1e-3, TOL_DW = 1e-2;
 #endif
-static const char* VERSION_NAME[7] = {"", "v1 token chain", "v2 smem tiles", "v3 8-channel thr", "v4 4-channel thr",
-                                     "v5 pre made again", "v6 any lane count"};
+static const char* VERSION_NAME[9] = {"", "v1 token chain", "v2 smem tiles", "v3 8-channel thr", "v4 4-channel thr",
+                                     "v5 pre made again", "v6 any lane count", "v7 streams of 32", "v8 streams of 64"};
 
 // ----------------------------------------------------------------------------------------------------
 // v1: the trainer's kernels until 2026-12-01 (4 warps per block, one 64-token range per warp)
@@ -236,6 +247,282 @@ static void conv_norm_backward_v1(floatX* dz, float* dw, const float* dy, const 
 
 
 // ----------------------------------------------------------------------------------------------------
+// v7 (TOK = 32) and v8 (TOK = 64): streams. A token group's D/NV lanes (NV = 4 channels a lane, as v4) walk TOK
+// consecutive tokens one after another with the taps' rows in a register window: each z row is loaded once per
+// stream (v4-v6 load every row CS times from shared memory), no shared memory, no barrier, and the next U rows'
+// loads are issued before the current U rows are computed. The forward's sums run in v6's order (bit for bit the
+// same pre, out, rstd); the backward walks its tokens in reverse (dpre's window ahead, z's behind), its dz in v6's
+// order (bit for bit), its tap sums per stream (one partial row per TOK tokens: another order than v6's, same values
+// to rounding).
+#define CV7_U 4  // the forward's rows loaded ahead
+#define CV7_UB 2 // the backward's: its windows take more registers (at 2 still 40-88 bytes spilled under 128 registers)
+
+template <int CS, int NV, bool DOC, int TOK>
+__global__ void __launch_bounds__(256) conv_norm_forward_stream_kernel(floatX* pre, floatX* out, float* rstd, const floatX* z,
+                                                                      const floatX* w, const floatX* hist, int B, int T, int H,
+                                                                      int D, int Dp, int Tp, int norm, float scale,
+                                                                      const unsigned char* dlen) {
+    if (!DOC) { dlen = nullptr; }
+    int ng = conv_lanes(D, NV), g = threadIdx.x % ng, c0 = NV * g, Ch = H * D, ntile = (T + TOK - 1) / TOK;
+    long sid = (long)blockIdx.x * (blockDim.x / ng) + threadIdx.x / ng; // (b, h, tile)
+    bool act = c0 < D && sid < (long)B * H * ntile;                     // lanes past D and streams past the end: shuffles only
+    int tile = (int)(sid % ntile), bh = (int)(sid / ntile), b = bh / H, h = bh % H;
+    if (!act) { b = 0; h = 0; }
+    int ts = tile * TOK;
+    float wr[NV][CS], zw[CS][NV]; // zw[i]: z[t - CS + 1 + i] (zero before 0 without history)
+    #pragma unroll
+    for (int u = 0; u < NV; u++) {
+        #pragma unroll
+        for (int k = 0; k < CS; k++) { wr[u][k] = act ? tof(w[((long)h * D + c0 + u) * CS + k]) : 0.0f; }
+    }
+    #pragma unroll
+    for (int u = 0; u < NV; u++) { zw[0][u] = 0.0f; }
+    #pragma unroll
+    for (int i = 0; i < CS - 1; i++) { // the rows before the first token: z, the history or zeros
+        int t = ts - CS + 1 + i;       // (shifted to zw[i] when the first token's row comes in)
+        const floatX* src = nullptr;
+        if (act && t >= 0 && t < T) { src = z + ((long)b * T + t) * Ch + h * D + c0; }
+        else if (act && t < 0 && hist) { src = hist + ((long)b * (CS - 1) + (CS - 1 + t)) * Ch + h * D + c0; }
+        #pragma unroll
+        for (int u = 0; u < NV; u++) { zw[i + 1][u] = 0.0f; }
+        if (src) { ldvx<NV>(zw[i + 1], src); }
+    }
+    const floatX* zrow = z + ((long)b * T + ts) * Ch + h * D + c0;
+    XV<NV> nx[CV7_U];
+    #pragma unroll
+    for (int q = 0; q < CV7_U; q++) { if (act && ts + q < T) { nx[q] = *(const XV<NV>*)(zrow + (long)q * Ch); } }
+    for (int k0 = 0; k0 < TOK; k0 += CV7_U) {
+        XV<NV> cur[CV7_U];
+        #pragma unroll
+        for (int q = 0; q < CV7_U; q++) { cur[q] = nx[q]; }
+        #pragma unroll
+        for (int q = 0; q < CV7_U; q++) { // the next rows' loads in flight while these are computed
+            int t = ts + k0 + CV7_U + q;
+            if (act && k0 + CV7_U < TOK && t < T) { nx[q] = *(const XV<NV>*)(zrow + (long)(k0 + CV7_U + q) * Ch); }
+        }
+        float o[CV7_U][NV], ss[CV7_U];
+        XV<NV> px[CV7_U];
+        #pragma unroll
+        for (int q = 0; q < CV7_U; q++) {
+            int t = ts + k0 + q;
+            bool ok = act && t < T;
+            #pragma unroll
+            for (int i = 0; i < CS - 1; i++) {
+                #pragma unroll
+                for (int u = 0; u < NV; u++) { zw[i][u] = zw[i + 1][u]; }
+            }
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { zw[CS - 1][u] = ok ? tof(cur[q].v[u]) : 0.0f; }
+            float acc[NV];
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
+            int reach = dlen && ok ? dlen[(long)b * T + t] : CS; // documents: taps j <= reach only
+            #pragma unroll
+            for (int j = 0; j < CS; j++) { // v2's order: z[t - j] with w[CS - 1 - j]
+                if (j > reach) { break; }
+                #pragma unroll
+                for (int u = 0; u < NV; u++) { acc[u] += wr[u][CS - 1 - j] * zw[CS - 1 - j][u]; }
+            }
+            ss[q] = 0.0f;
+            #pragma unroll
+            for (int u = 0; u < NV; u++) {
+                px[q].v[u] = fromf<floatX>(acc[u]);
+                float p = tof(px[q].v[u]);
+                o[q][u] = tof(fromf<floatX>(p * sigmoidf_(p)));
+                ss[q] += o[q][u] * o[q][u];
+            }
+        }
+        #pragma unroll
+        for (int q = 0; q < CV7_U; q++) {
+            int t = ts + k0 + q;
+            float r = 1.0f;
+            if (norm) { r = rsqrtf(group_sum(ss[q], ng) + L2NORM_EPS_F); }
+            if (!act || t >= T) { continue; }
+            if (pre) { *(XV<NV>*)(pre + ((long)b * T + t) * Ch + h * D + c0) = px[q]; }
+            if (norm && g == 0) { rstd[((long)b * T + t) * H + h] = r; }
+            XV<NV> ov;
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { ov.v[u] = fromf<floatX>(norm ? o[q][u] * r * scale : o[q][u]); }
+            *(XV<NV>*)(out + (((long)b * H + h) * Tp + t) * Dp + c0) = ov;
+        }
+    }
+}
+
+// Backward: tokens te + CS - 2 down to ts (te = min(ts + TOK, T)); dpw[j] = dpre[t + j], zw[i] = z[t - CS + 1 + i]
+template <int CS, int NV, bool DOC, int TOK>
+__global__ void __launch_bounds__(256, 2) conv_norm_backward_stream_kernel(floatX* __restrict__ dz, int ldz, float* __restrict__ partial,
+                                                                       const float* __restrict__ dy, const floatX* __restrict__ out,
+                                                                       const float* __restrict__ rstd, const floatX* __restrict__ z,
+                                                                       const floatX* __restrict__ w, int B, int T, int H, int D,
+                                                                       int Dp, int Tp, int norm, float scale,
+                                                                       const unsigned char* dlen) {
+    if (!DOC) { dlen = nullptr; }
+    int ng = conv_lanes(D, NV), g = threadIdx.x % ng, c0 = NV * g, Ch = H * D, ntile = (T + TOK - 1) / TOK;
+    long sid = (long)blockIdx.x * (blockDim.x / ng) + threadIdx.x / ng;
+    bool act = c0 < D && sid < (long)B * H * ntile;
+    int tile = (int)(sid % ntile), bh = (int)(sid / ntile), b = bh / H, h = bh % H;
+    if (!act) { b = 0; h = 0; }
+    int ts = tile * TOK, te = min(T, ts + TOK), tl = min(T - 1, te + CS - 2); // the walk: tl down to ts
+    float wr[NV][CS], zw[CS][NV], dpw[CS][NV], dwr[NV][CS];
+    int rw[CS]; // rw[j]: the reach of token t + j (documents)
+    #pragma unroll
+    for (int u = 0; u < NV; u++) {
+        #pragma unroll
+        for (int k = 0; k < CS; k++) { wr[u][k] = act ? tof(w[((long)h * D + c0 + u) * CS + k]) : 0.0f; dwr[u][k] = 0.0f; }
+    }
+    #pragma unroll
+    for (int j = 0; j < CS; j++) {
+        rw[j] = -1;
+        #pragma unroll
+        for (int u = 0; u < NV; u++) { dpw[j][u] = 0.0f; }
+    }
+    const floatX* zb = z + (long)b * T * Ch + h * D + c0;
+    #pragma unroll
+    for (int i = 0; i < CS; i++) { // the window of token tl + 1: z[tl - CS + 2 + i] (its last row is never read)
+        int t = tl - CS + 2 + i;
+        #pragma unroll
+        for (int u = 0; u < NV; u++) { zw[i][u] = 0.0f; }
+        if (act && i < CS - 1 && t >= 0) { ldvx<NV>(zw[i], zb + t * Ch); }
+    }
+    // the stream's rows by 32-bit offsets from its own pointers
+    const float* dyb = dy + ((long)b * H + h) * Tp * Dp + c0;
+    const floatX* outb = out + ((long)b * H + h) * Tp * Dp + c0;
+    const float* rb = rstd ? rstd + (long)b * T * H + h : nullptr;
+    floatX* dzb = dz + (long)b * T * ldz + h * D + c0;
+    const unsigned char* dl = dlen ? dlen + (long)b * T : nullptr;
+    int nsteps = TOK + CS - 1; // the same count for every stream (the shuffles); steps past the walk do nothing
+    for (int k0 = 0; k0 < nsteps; k0 += CV7_UB) {
+        float dyv[CV7_UB][NV], rr[CV7_UB];
+        XV<NV> xo[CV7_UB], xz[CV7_UB];
+        #pragma unroll
+        for (int q = 0; q < CV7_UB; q++) { // this group's rows, all loads in flight
+            int t = tl - k0 - q;
+            bool ok = act && k0 + q < nsteps && t >= ts;
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { dyv[q][u] = 0.0f; }
+            if (ok) {
+                ldvf<NV>(dyv[q], dyb + t * Dp);
+                xo[q] = *(const XV<NV>*)(outb + t * Dp);
+                rr[q] = norm ? rb[t * H] : 1.0f;
+            }
+            if (ok && t - CS + 1 >= 0) { xz[q] = *(const XV<NV>*)(zb + (t - CS + 1) * Ch); }
+        }
+        #pragma unroll
+        for (int q = 0; q < CV7_UB; q++) {
+            int t = tl - k0 - q;
+            bool ok = act && k0 + q < nsteps && t >= ts;
+            // the window: z[t - CS + 1] in, dpre[t] (below) in
+            #pragma unroll
+            for (int i = CS - 1; i > 0; i--) {
+                #pragma unroll
+                for (int u = 0; u < NV; u++) { zw[i][u] = zw[i - 1][u]; }
+            }
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { zw[0][u] = ok && t - CS + 1 >= 0 ? tof(xz[q].v[u]) : 0.0f; }
+            // zw now holds z[t - CS + 1 .. t]
+            float pv[NV], ov[NV], dot = 0.0f;
+            int reach = dl && ok ? dl[t] : CS;
+            float acc[NV];
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { acc[u] = 0.0f; }
+            #pragma unroll
+            for (int j = 0; j < CS; j++) { // the forward's sum, in its order
+                if (j > reach) { break; }
+                #pragma unroll
+                for (int u = 0; u < NV; u++) { acc[u] += wr[u][CS - 1 - j] * zw[CS - 1 - j][u]; }
+            }
+            #pragma unroll
+            for (int u = 0; u < NV; u++) {
+                pv[u] = tof(fromf<floatX>(acc[u]));
+                ov[u] = norm && ok ? tof(xo[q].v[u]) : 0.0f;
+                dot += dyv[q][u] * ov[u];
+            }
+            if (norm) { dot = group_sum(dot, ng); }
+            if (!ok) { continue; }
+            float dp[NV];
+            #pragma unroll
+            for (int u = 0; u < NV; u++) {
+                float dx = norm ? rr[q] * (scale * dyv[q][u] - ov[u] * dot / scale) : dyv[q][u];
+                float sg = sigmoidf_(pv[u]);
+                dp[u] = dx * sg * (1.0f + pv[u] * (1.0f - sg));
+            }
+            #pragma unroll
+            for (int j = CS - 1; j > 0; j--) {
+                rw[j] = rw[j - 1];
+                #pragma unroll
+                for (int u = 0; u < NV; u++) { dpw[j][u] = dpw[j - 1][u]; }
+            }
+            rw[0] = reach;
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { dpw[0][u] = dp[u]; }
+            if (t >= te) { continue; } // the tokens after the tile: their dpre only
+            float a2[NV];
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { a2[u] = 0.0f; }
+            #pragma unroll
+            for (int j = 0; j < CS; j++) {
+                // documents: token t + j reads t through tap j, and token t reads t - j, only inside their documents
+                bool in_next = !dl || (t + j < T && j <= rw[j]), in_this = j <= reach;
+                #pragma unroll
+                for (int u = 0; u < NV; u++) {
+                    if (in_next) { a2[u] += wr[u][CS - 1 - j] * dpw[j][u]; }
+                    if (in_this) { dwr[u][j] += dp[u] * zw[CS - 1 - j][u]; }
+                }
+            }
+            XV<NV> xd;
+            #pragma unroll
+            for (int u = 0; u < NV; u++) { xd.v[u] = fromf<floatX>(a2[u]); }
+            *(XV<NV>*)(dzb + t * ldz) = xd;
+        }
+    }
+    if (!act) { return; }
+    float* prow = partial + ((long)b * ntile + tile) * Ch * CS + (long)(h * D + c0) * CS;
+    #pragma unroll
+    for (int u = 0; u < NV; u++) {
+        #pragma unroll
+        for (int j = 0; j < CS; j++) { prow[u * CS + CS - 1 - j] = dwr[u][j]; }
+    }
+}
+
+template <int TOK, bool DOC> static decltype(&conv_norm_forward_stream_kernel<4, 4, DOC, TOK>) cv_stream_fwd_kernel(int cs) {
+    return cs == 1 ? conv_norm_forward_stream_kernel<1, 4, DOC, TOK> : cs == 2 ? conv_norm_forward_stream_kernel<2, 4, DOC, TOK>
+         : cs == 3 ? conv_norm_forward_stream_kernel<3, 4, DOC, TOK> : conv_norm_forward_stream_kernel<4, 4, DOC, TOK>;
+}
+template <int TOK, bool DOC> static decltype(&conv_norm_backward_stream_kernel<4, 4, DOC, TOK>) cv_stream_bwd_kernel(int cs) {
+    return cs == 1 ? conv_norm_backward_stream_kernel<1, 4, DOC, TOK> : cs == 2 ? conv_norm_backward_stream_kernel<2, 4, DOC, TOK>
+         : cs == 3 ? conv_norm_backward_stream_kernel<3, 4, DOC, TOK> : conv_norm_backward_stream_kernel<4, 4, DOC, TOK>;
+}
+// the stream kernels where the vector kernels' conditions hold (else false: the caller runs the tiles)
+template <int TOK>
+static bool conv_norm_forward_stream(floatX* pre, floatX* out, float* rstd, const floatX* z, const floatX* w, const floatX* hist,
+                                     int B, int T, int H, int D, int Dp, int cs, int Tp, int norm, float scale,
+                                     const unsigned char* dlen) {
+    if (!conv_vec_ok<4>(H, D, cs, {pre, out, z, hist})) { return false; }
+    long streams = (long)B * H * cdiv(T, TOK);
+    int per = 256 / conv_lanes(D, 4);
+    auto kernel = dlen ? cv_stream_fwd_kernel<TOK, true>(cs) : cv_stream_fwd_kernel<TOK, false>(cs);
+    kernel<<<(unsigned)cdiv(streams, per), 256, 0, main_stream>>>(pre, out, rstd, z, w, hist, B, T, H, D, Dp, Tp, norm, scale, dlen);
+    cudaCheck(cudaGetLastError());
+    return true;
+}
+template <int TOK>
+static bool conv_norm_backward_stream(floatX* dz, int ldz, float* dw, const float* dy, const floatX* out, const float* rstd,
+                                      const floatX* pre, const floatX* z, const floatX* w, int B, int T, int H, int D, int Dp,
+                                      int cs, int Tp, int norm, float scale, const unsigned char* dlen) {
+    if (pre || !conv_vec_ok<4>(H, D, cs, {dz, dy, out, z}) || ldz % 8 != 0) { return false; }
+    int ntile = cdiv(T, TOK), nch = B * ntile, Ch = H * D;
+    float* partial = colsum_partials(nch, Ch * cs);
+    long streams = (long)B * H * ntile;
+    int per = 256 / conv_lanes(D, 4);
+    auto kernel = dlen ? cv_stream_bwd_kernel<TOK, true>(cs) : cv_stream_bwd_kernel<TOK, false>(cs);
+    kernel<<<(unsigned)cdiv(streams, per), 256, 0, main_stream>>>(dz, ldz, partial, dy, out, rstd, z, w, B, T, H, D, Dp, Tp, norm,
+                                                                 scale, dlen);
+    cudaCheck(cudaGetLastError());
+    colsum_finish(dw, nch, Ch * cs);
+    return true;
+}
+
+// ----------------------------------------------------------------------------------------------------
 
 struct CvShape { int B, T, H, D, cs, Tp, Dp; }; // Dp: the head-major row width (the trainer pads the mixer's heads)
 struct CvDev { floatX *z, *w, *hist, *pre, *out, *dz; float *rstd, *dy, *dw; };
@@ -256,12 +543,19 @@ static void cv_free(CvDev& d) {
 // v4 and v5 ran the vector kernels only where D/4 is a power of two (else the v2 tiles); v6 is the trainer's dispatch
 static bool cv_pow2_lanes(int D) { return D % 4 == 0 && conv_lanes(D, 4) == D / 4; }
 // dlen: packed documents (the trainer's conv reach, doc_chunk_rel), or null; v1 takes none
-static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale, int hist, const unsigned char* dlen = nullptr) {
+// store_pre: the validation checks pre; the timing of v5-v8 runs as the trainer does, without it
+static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale, int hist, const unsigned char* dlen = nullptr,
+                       bool store_pre = true) {
     const floatX* h = hist ? d.hist : nullptr;
     float* r = norm ? d.rstd : nullptr;
+    floatX* pre = store_pre ? d.pre : nullptr;
     bool vec = v == 3 || ((v == 4 || v == 5) && cv_pow2_lanes(s.D));
-    if (v == 1) { conv_norm_forward_v1(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
-    else if (v == 6) { conv_norm_forward(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen); }
+    if (v == 7 || v == 8) {
+        bool ran = v == 7 ? conv_norm_forward_stream<32>(pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen)
+                          : conv_norm_forward_stream<64>(pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen);
+        if (!ran) { conv_norm_forward_tiles(pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen); }
+    } else if (v == 1) { conv_norm_forward_v1(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    else if (v == 6) { conv_norm_forward(pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen); }
     else if (!vec || !(v == 3 ? conv_norm_forward_vec<8>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen)
                               : conv_norm_forward_vec<4>(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen))) {
         conv_norm_forward_tiles(d.pre, d.out, r, d.z, d.w, h, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen);
@@ -269,10 +563,14 @@ static void cv_forward(CvDev& d, int v, const CvShape& s, int norm, float scale,
 }
 static void cv_backward(CvDev& d, int v, const CvShape& s, int norm, float scale, const unsigned char* dlen = nullptr) {
     const float* r = norm ? d.rstd : nullptr;
-    const floatX* pre = v >= 5 ? nullptr : d.pre; // v5, v6: pre made again from z
+    const floatX* pre = v >= 5 ? nullptr : d.pre; // v5-v8: pre made again from z
     int ld = s.H * s.D;
     bool vec = v == 3 || ((v == 4 || v == 5) && cv_pow2_lanes(s.D));
-    if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
+    if (v == 7 || v == 8) {
+        bool ran = v == 7 ? conv_norm_backward_stream<32>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen)
+                          : conv_norm_backward_stream<64>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen);
+        if (!ran) { conv_norm_backward_tiles(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen); }
+    } else if (v == 1) { conv_norm_backward_v1(d.dz, d.dw, d.dy, d.out, r, d.pre, d.z, d.w, s.B, s.T, s.H, s.D, s.cs, s.Tp, norm, scale); }
     else if (v == 6) { conv_norm_backward(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen); }
     else if (!vec || !(v == 3 ? conv_norm_backward_vec<8>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen)
                               : conv_norm_backward_vec<4>(d.dz, ld, d.dw, d.dy, d.out, r, pre, d.z, d.w, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, norm, scale, dlen))) {
@@ -383,8 +681,9 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
         cudaCheck(cudaMalloc(&dlen, reach.size()));
         cudaCheck(cudaMemcpy(dlen, reach.data(), reach.size(), cudaMemcpyHostToDevice));
     }
+    std::vector<floatX> v6_bits[4]; // v6's pre, out, dz and rstd (as bytes): v7, v8 must equal them bit for bit
     for (int v = 1; v <= NVERSIONS; v++) {
-        if (version_sel && v != version_sel) { continue; }
+        if (version_sel && v != version_sel && !(v == 6 && version_sel >= 7)) { continue; }
         if (v == 1 && (Dp != D || docs)) { continue; } // v1 has no row stride and no documents
         lab_poison(d.pre, n * sizeof(floatX)); lab_poison(d.out, nh * sizeof(floatX)); lab_poison(d.dz, n * sizeof(floatX));
         lab_poison(d.rstd, (size_t)B * T * H * sizeof(float));
@@ -415,6 +714,26 @@ static void validate_case(int version_sel, const CvShape& s, int norm, int hist,
             snprintf(what, sizeof what, "%s rstd", tag);
             lab_check(what, rel_l2(gr.data(), rstd.data(), gr.size()), TOL_RSTD);
         }
+        { // the forward's sums and dz in v6's order: v7, v8 bit for bit
+            std::vector<floatX> bits[4];
+            size_t cnt[4] = {n, nh, n, (size_t)B * T * H * sizeof(float) / sizeof(floatX)};
+            const void* src[4] = {d.pre, d.out, d.dz, d.rstd};
+            for (int q = 0; q < 4; q++) {
+                bits[q].resize(cnt[q]);
+                cudaCheck(cudaMemcpy(bits[q].data(), src[q], cnt[q] * sizeof(floatX), cudaMemcpyDeviceToHost));
+            }
+            const char* names[4] = {"pre", "out", "dz", "rstd"};
+            for (int q = 0; q < 4; q++) {
+                if (v == 6) { v6_bits[q] = bits[q]; continue; }
+                if (v < 7 || v6_bits[q].empty() || (q == 2 && hist) || (q == 3 && !norm)) { continue; }
+                // (out's padded columns and rstd without norm are poison in both: compared as well where written)
+                size_t nd = 0;
+                for (size_t i = 0; i < cnt[q]; i++) { nd += memcmp(&bits[q][i], &v6_bits[q][i], sizeof(floatX)) != 0; }
+                snprintf(what, sizeof what, "%s %s = v6's bit for bit", tag, names[q]);
+                lab_check_exact(what, (long)nd, (long)cnt[q]);
+            }
+            if (version_sel >= 7 && v == 6) { continue; } // v6 ran only as the reference of the bit comparison
+        }
         if (!hist) {
             std::vector<float> gz = lab_download_x(d.dz, n), gw = lab_download(d.dw, nw);
             snprintf(what, sizeof what, "%s dz", tag);
@@ -444,10 +763,7 @@ static void bench_shape(int version_sel, const CvShape& s) {
         if (version_sel && v != version_sel) { continue; }
         if (v == 1 && s.Dp != s.D) { continue; }
         bool nopre = v >= 5; // as the trainer runs them: the forward writes no pre, the backward makes it again
-        double tf = nopre ? bench_ms([&] {
-                                conv_norm_forward(nullptr, d.out, d.rstd, d.z, d.w, nullptr, s.B, s.T, s.H, s.D, s.Dp, s.cs, s.Tp, 1, 1.0f);
-                            })
-                          : bench_ms([&] { cv_forward(d, v, s, 1, 1.0f, 0); });
+        double tf = bench_ms([&] { cv_forward(d, v, s, 1, 1.0f, 0, nullptr, !nopre); });
         double fb = n * (nopre ? 2 : 3) * xs; // fwd: z in, (pre +) out out
         cv_forward(d, v, s, 1, 1.0f, 0);
         double tb = bench_ms([&] { cv_backward(d, v, s, 1, 1.0f); });
