@@ -3793,6 +3793,124 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float
 }
 #endif
 
+#ifndef ENABLE_FP32
+// The backward's chunk-local products in one tensor-core kernel (MixerPlan.gemms_fused), a block per chunk, in place of
+// ten batched GEMMs. From the chunk's dO, start state h, V', state gradient dS, dV', Tx, W and U (bf16):
+//   dQg = dO hᵀ, dP = dO V'ᵀ, dKd = V' dSᵀ, dW = -dV' hᵀ (bf16, in shared memory only), dX = Txᵀ dW, dY = Txᵀ dV',
+//   dZ = dW Wᵀ + dV' Uᵀ (bf16, shared memory only), dA = -Txᵀ dZ,
+// the six outputs fp32 as the GEMMs wrote them, with dW and dZ rounded to bf16 where the GEMMs stored them so. The
+// GEMMs' round trips of dW and dZ through device memory and their second and third reads of dO, h, V', dV', Tx go:
+// at pgdn-340m 16 x 2048 a layer moves ~1.3 GB instead of ~2.6 GB. Stages: dO, h, V' (group 0) and dS, dV', Tx
+// (group 1) by cp.async, all in flight at once; W and U go where h and dS were while Txᵀ dW and Txᵀ dV' run. dW
+// takes dO's rows, dZ V''s. One block per multiprocessor at K = V = 128 (128 KiB), 16 warps.
+#define BG_WARPS 16
+struct BgLayout { size_t a, vn, dvn, h, dh, tx, bytes; }; // byte offsets: dO then dW, V' then dZ, dV', h then W, dS then U, Tx
+static __host__ __device__ BgLayout bg_layout(int C, int K, int V) {
+    size_t lk = K + 8, lv = V + 8, lc = C + 8;
+    BgLayout z;
+    z.a = 0;
+    z.vn = z.a + scan_align(2 * C * (lk > lv ? lk : lv));
+    z.dvn = z.vn + scan_align(2 * C * (lc > lv ? lc : lv));
+    z.h = z.dvn + scan_align(2 * C * lv);
+    z.dh = z.h + scan_align(2 * (C * lk > K * lv ? C * lk : K * lv));
+    z.tx = z.dh + scan_align(2 * (C > K ? C : K) * lv);
+    z.bytes = z.tx + scan_align(2 * C * lc);
+    return z;
+}
+// a 16 x 16 accumulator tile times f into bf16 rows (stride ld): the mma.sync m16n8 layout of FragC (see mma_steps)
+__device__ __forceinline__ void frag_store_bf16(__nv_bfloat16* d, int ld, const FragC& acc, float f) {
+    int l = threadIdx.x % 32, g = l / 4, c = 2 * (l % 4);
+    for (int h = 0; h < 2; h++) { // columns 0-7, then 8-15
+        *(__nv_bfloat162*)(d + g * ld + 8 * h + c) = __floats2bfloat162_rn(f * acc.x[4 * h], f * acc.x[4 * h + 1]);
+        *(__nv_bfloat162*)(d + (g + 8) * ld + 8 * h + c) = __floats2bfloat162_rn(f * acc.x[4 * h + 2], f * acc.x[4 * h + 3]);
+    }
+}
+__global__ void __launch_bounds__(32 * BG_WARPS) bwd_gemms_tc_kernel(float* dQg, float* dP, float* dKd, float* dX, float* dY, float* dA,
+                                                                     const floatX* dO, const floatX* hst, const floatX* Vn,
+                                                                     const floatX* dhst, const floatX* dVn, const floatX* Tx,
+                                                                     const floatX* W, const floatX* U, ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, V = s.V, lk = K + 8, lv = V + 8, lc = C + 8, warp = threadIdx.x / 32;
+    int mc = C / 16, mk = K / 16, mv = V / 16;
+    long q = blockIdx.x, r0 = q * C, CC = (long)C * C, KV = (long)K * V;
+    BgLayout z = bg_layout(C, K, V);
+    __nv_bfloat16 *a_s = (__nv_bfloat16*)(smem_raw + z.a), *vn_s = (__nv_bfloat16*)(smem_raw + z.vn);   // (C, V+8)
+    __nv_bfloat16 *dvn_s = (__nv_bfloat16*)(smem_raw + z.dvn), *tx_s = (__nv_bfloat16*)(smem_raw + z.tx); // (C, V+8), (C, C+8)
+    __nv_bfloat16 *h_s = (__nv_bfloat16*)(smem_raw + z.h), *dh_s = (__nv_bfloat16*)(smem_raw + z.dh);    // (K, V+8) each
+    stage_async(a_s, 2 * lv, dO + r0 * V, 2L * V, C, 2 * V);
+    stage_async(h_s, 2 * lv, hst + q * KV, 2L * V, K, 2 * V);
+    stage_async(vn_s, 2 * lv, Vn + r0 * V, 2L * V, C, 2 * V);
+    __pipeline_commit();
+    stage_async(dh_s, 2 * lv, dhst + q * KV, 2L * V, K, 2 * V);
+    stage_async(dvn_s, 2 * lv, dVn + r0 * V, 2L * V, C, 2 * V);
+    stage_async(tx_s, 2 * lc, Tx + q * CC, 2L * C, C, 2 * C);
+    __pipeline_commit();
+    __pipeline_wait_prior(1);
+    __syncthreads();
+    for (int t = warp; t < mc * (mk + mc); t += BG_WARPS) { // dQg = dO hᵀ, dP = dO V'ᵀ
+        bool qg = t < mc * mk;
+        int u = qg ? t : t - mc * mk, n = qg ? mk : mc, i = u / n, j = u % n;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        mma_steps<FragBT>(acc, a_s + 16 * i * lv, lv, (qg ? h_s : vn_s) + 16 * j * lv, 16, lv, mv);
+        if (qg) { wmma::store_matrix_sync(dQg + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major); }
+        else { wmma::store_matrix_sync(dP + q * CC + 16 * i * C + 16 * j, acc, C, wmma::mem_row_major); }
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    __nv_bfloat16* dw_s = a_s; // (C, K+8): dO is done with
+    for (int t = warp; t < 2 * mc * mk; t += BG_WARPS) { // dKd = V' dSᵀ, dW = -dV' hᵀ
+        bool kd = t < mc * mk;
+        int u = kd ? t : t - mc * mk, i = u / mk, j = u % mk;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        mma_steps<FragBT>(acc, (kd ? vn_s : dvn_s) + 16 * i * lv, lv, (kd ? dh_s : h_s) + 16 * j * lv, 16, lv, mv);
+        if (kd) { wmma::store_matrix_sync(dKd + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major); }
+        else { frag_store_bf16(dw_s + 16 * i * lk + 16 * j, lk, acc, -1.0f); }
+    }
+    __syncthreads();
+    __nv_bfloat16 *w_s = h_s, *u_s = dh_s; // (C, K+8), (C, V+8): h and dS are done with
+    stage_async(w_s, 2 * lk, W + r0 * K, 2L * K, C, 2 * K);
+    stage_async(u_s, 2 * lv, U + r0 * V, 2L * V, C, 2 * V);
+    __pipeline_commit();
+    for (int t = warp; t < mc * (mk + mv); t += BG_WARPS) { // dX = Txᵀ dW, dY = Txᵀ dV'
+        bool x = t < mc * mk;
+        int u = x ? t : t - mc * mk, n = x ? mk : mv, i = u / n, j = u % n;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        if (x) { mma_steps_t(acc, tx_s + 16 * i, lc, dw_s + 16 * j, 16 * lk, lk, mc); }
+        else { mma_steps_t(acc, tx_s + 16 * i, lc, dvn_s + 16 * j, 16 * lv, lv, mc); }
+        if (x) { wmma::store_matrix_sync(dX + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major); }
+        else { wmma::store_matrix_sync(dY + (r0 + 16 * i) * V + 16 * j, acc, V, wmma::mem_row_major); }
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    __nv_bfloat16* dz_s = vn_s; // (C, C+8): V' is done with
+    for (int t = warp; t < mc * mc; t += BG_WARPS) { // dZ = dW Wᵀ + dV' Uᵀ
+        int i = t / mc, j = t % mc;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        mma_steps<FragBT>(acc, dw_s + 16 * i * lk, lk, w_s + 16 * j * lk, 16, lk, mk);
+        mma_steps<FragBT>(acc, dvn_s + 16 * i * lv, lv, u_s + 16 * j * lv, 16, lv, mv);
+        frag_store_bf16(dz_s + 16 * i * lc + 16 * j, lc, acc, 1.0f);
+    }
+    __syncthreads();
+    for (int t = warp; t < mc * mc; t += BG_WARPS) { // dA = -Txᵀ dZ
+        int i = t / mc, j = t % mc;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        mma_steps_t(acc, tx_s + 16 * i, lc, dz_s + 16 * j, 16 * lc, lc, mc);
+        for (int e = 0; e < acc.num_elements; e++) { acc.x[e] = -acc.x[e]; }
+        wmma::store_matrix_sync(dA + q * CC + 16 * i * C + 16 * j, acc, C, wmma::mem_row_major);
+    }
+}
+static int gemms_force_batched = 0; // the kernel lab sets it to run the ten batched GEMMs in the bf16 build
+static bool bwd_gemms_fused(const ChunkShape& s) {
+    return !gemms_force_batched && !mma_bad && s.C % 16 == 0 && s.K % 16 == 0 && s.V % 16 == 0 &&
+           bg_layout(s.C, s.K, s.V).bytes + 1024 <= (size_t)smem_optin;
+}
+#endif
+
 // scalar / no decay: dPm = lower-with-diagonal(dP) ⊙ E (floatX); from dA (fp32, the sum of the two GEMMs):
 // strict lower, dbetaA_i = Σ_j dA_ij Mk_ij, dMm = beta_i dA ⊙ E (floatX). One warp per row.
 __global__ void bwd_scores_mask_kernel(floatX* dPm, floatX* dMm, float* dbetaA, const float* dP, const float* dA,
@@ -4285,6 +4403,7 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(scan_groups_combine_kernel, optin);
     allow_dynamic_smem(state_outputs_wmma_kernel<8>, optin);
     allow_dynamic_smem(state_outputs_wmma_kernel<16>, optin);
+    allow_dynamic_smem(bwd_gemms_tc_kernel, optin);
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
     allow_dynamic_smem(precond_exact_backward_kernel, optin);
@@ -4313,6 +4432,7 @@ struct MixerPlan {
     bool scores_fused;  // scalar / no decay: scores + (I + A)^-1 in one tensor-core kernel, and one for the backward
     bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
     bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
+    bool gemms_fused;   // the backward's chunk-local products in one tensor-core kernel; else ten batched GEMMs
     OutsPlan outs;      // with scan_wmma: the V'/O remake's work items, stage buffers and warps (outs_plan_for)
 };
 // Chunk groups for the tensor-core scans: enough (b, h, 32-column) blocks for two per multiprocessor, with at least 4
@@ -4372,6 +4492,7 @@ static MixerPlan mixer_plan(const ChunkShape& s) {
     }
     p.scores_fused = scores_scalar_fused(s);
     p.scores_tc = scores_use_tc(s);
+    p.gemms_fused = bwd_gemms_fused(s);
 #endif
     p.finish_rows = s.gk <= 1 && s.K == 128 && s.V == 128;
     return p;
@@ -4395,7 +4516,8 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
                  ", %d value columns a block; V', O made again by %d columns, %d stage%s, %d warps", p.scan_bv, p.outs.bw,
                  p.outs.ns, p.outs.ns > 1 ? "s" : "", p.outs.nw);
     }
-    printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward finish %s\n", s.K, s.V, pad, s.C, scan, scores,
+    printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward products %s; backward finish %s\n", s.K, s.V, pad,
+           s.C, scan, scores, p.gemms_fused ? "in one tensor-core kernel" : "by batched GEMMs",
            p.finish_rows ? "a warp per row" : "a block per chunk");
 }
 
@@ -4575,17 +4697,27 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     }
     {
     PROF("mixer.bwd.gemms");
-    bgemm(false, true, C, K, V, dO, V, CV, sv->hstate, V, KV, sc->dQg, true, K, CK, nq, 1.0f, 0.0f);
-    bgemm(false, true, C, C, V, dO, V, CV, sv->Vn, V, CV, sc->dP, true, C, CC, nq, 1.0f, 0.0f);
-    bgemm(false, true, C, K, V, sv->Vn, V, CV, sc->dhstate, V, KV, sc->dKd, true, K, CK, nq, 1.0f, 0.0f);
-    bgemm(false, true, C, K, V, sc->dVn, V, CV, sv->hstate, V, KV, sc->dWx, false, K, CK, nq, -1.0f, 0.0f); // only its floatX copy is used
-    bgemm(true, false, C, K, C, sv->Tx, C, CC, sc->dWx, K, CK, sc->dX, true, K, CK, nq, 1.0f, 0.0f);
-    bgemm(true, false, C, V, C, sv->Tx, C, CC, sc->dVn, V, CV, sc->dY, true, V, CV, nq, 1.0f, 0.0f);
-    // dA = -dX Wᵀ - dY Uᵀ = -Txᵀ (dW Wᵀ + dV' Uᵀ): the C x C sum first, so dX and dY need no floatX copies
-    bgemm(false, true, C, C, K, sc->dWx, K, CK, sc->W, K, CK, sc->dZ, true, C, CC, nq, 1.0f, 0.0f);
-    bgemm(false, true, C, C, V, sc->dVn, V, CV, sc->U, V, CV, sc->dZ, true, C, CC, nq, 1.0f, 1.0f);
-    to_floatX(sc->dZx, sc->dZ, nq * CC);
-    bgemm(true, false, C, C, C, sv->Tx, C, CC, sc->dZx, C, CC, sc->dA, true, C, CC, nq, -1.0f, 0.0f);
+#ifndef ENABLE_FP32
+    if (p.gemms_fused) {
+        bwd_gemms_tc_kernel<<<nq, 32 * BG_WARPS, bg_layout(C, K, V).bytes, main_stream>>>(
+            sc->dQg, sc->dP, sc->dKd, sc->dX, sc->dY, sc->dA, dO, sv->hstate, sv->Vn, sc->dhstate, sc->dVn, sv->Tx, sc->W,
+            sc->U, s);
+        cudaCheck(cudaGetLastError());
+    } else
+#endif
+    {
+        bgemm(false, true, C, K, V, dO, V, CV, sv->hstate, V, KV, sc->dQg, true, K, CK, nq, 1.0f, 0.0f);
+        bgemm(false, true, C, C, V, dO, V, CV, sv->Vn, V, CV, sc->dP, true, C, CC, nq, 1.0f, 0.0f);
+        bgemm(false, true, C, K, V, sv->Vn, V, CV, sc->dhstate, V, KV, sc->dKd, true, K, CK, nq, 1.0f, 0.0f);
+        bgemm(false, true, C, K, V, sc->dVn, V, CV, sv->hstate, V, KV, sc->dWx, false, K, CK, nq, -1.0f, 0.0f); // only its floatX copy is used
+        bgemm(true, false, C, K, C, sv->Tx, C, CC, sc->dWx, K, CK, sc->dX, true, K, CK, nq, 1.0f, 0.0f);
+        bgemm(true, false, C, V, C, sv->Tx, C, CC, sc->dVn, V, CV, sc->dY, true, V, CV, nq, 1.0f, 0.0f);
+        // dA = -dX Wᵀ - dY Uᵀ = -Txᵀ (dW Wᵀ + dV' Uᵀ): the C x C sum first, so dX and dY need no floatX copies
+        bgemm(false, true, C, C, K, sc->dWx, K, CK, sc->W, K, CK, sc->dZ, true, C, CC, nq, 1.0f, 0.0f);
+        bgemm(false, true, C, C, V, sc->dVn, V, CV, sc->U, V, CV, sc->dZ, true, C, CC, nq, 1.0f, 1.0f);
+        to_floatX(sc->dZx, sc->dZ, nq * CC);
+        bgemm(true, false, C, C, C, sv->Tx, C, CC, sc->dZx, C, CC, sc->dA, true, C, CC, nq, -1.0f, 0.0f);
+    }
     }
     {
     PROF("mixer.bwd.scores");
@@ -5516,8 +5648,8 @@ static void mixer_scratch_grads_add(Arena& ar, MixerScratch* sc, const ChunkShap
     if (!p.scan_wmma) { ar.add(&sc->dVloc, rows * V); }
     ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
     ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V); ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
-    ar.add(&sc->dWx, rows * K); ar.add(&sc->dZx, nq * CC);
-    ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dZ, nq * CC); ar.add(&sc->dbetaA, rows);
+    if (!p.gemms_fused) { ar.add(&sc->dWx, rows * K); ar.add(&sc->dZx, nq * CC); ar.add(&sc->dZ, nq * CC); }
+    ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dbetaA, rows);
     if (gemm_scores) { ar.add(&sc->dPm, nq * CC); ar.add(&sc->dMm, nq * CC); }
     ar.add(&sc->dq_s, rows * K); ar.add(&sc->dkh_s, rows * K); ar.add(&sc->dkt_s, rows * K);
 }
