@@ -2074,6 +2074,14 @@ struct PrecondBufs { float *ca, *cb, *cc, *cd, *astat, *carry; };
         else { kernel<8><<<blocks_, threads_, 0, main_stream>>>(__VA_ARGS__); }                                     \
     } while (0)
 
+// pass 3 from the kept pb.carry: k̃ (hm floatX), and the statistic where pb.astat is not null. The forward's last pass,
+// and the backward's remake of k̃ and the statistic (bit for bit the forward's: the same kernel on the same carry).
+static void precond_diag_remake(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
+                                const floatX* log_atk_scale, int B, int H, int NC, int C, int K, float x, float eps) {
+    precond_fix_kernel<<<(long)B * H * NC, K, 0, main_stream>>>(kt, pb.astat, pb.carry, k, gp, bp, log_atk_scale, H, NC, C,
+                                                                K, logf(x), eps);
+    cudaCheck(cudaGetLastError());
+}
 // k̃ (hm floatX) and pb.carry from k̂, gP, betaP (rows), and the statistic where pb.astat is not null; a0 / a_final
 // (B, H, K) optional (generation)
 static void precond_diag_forward(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
@@ -2082,15 +2090,7 @@ static void precond_diag_forward(floatX* kt, const PrecondBufs& pb, const floatX
     long nq = (long)B * H * NC;
     PRECOND_PASS(precond_end_kernel, nq, K, pb.ca, pb.cc, k, gp, bp, nq, C, K);
     precond_carry_kernel<<<B * H, K, 0, main_stream>>>(pb.carry, pb.ca, pb.cc, a0, a_final, NC, K);
-    precond_fix_kernel<<<nq, K, 0, main_stream>>>(kt, pb.astat, pb.carry, k, gp, bp, log_atk_scale, H, NC, C, K, logf(x), eps);
-    cudaCheck(cudaGetLastError());
-}
-// k̃ and the statistic again, bit for bit, from the kept pb.carry (the backward's remake: pass 3 alone)
-static void precond_diag_remake(floatX* kt, const PrecondBufs& pb, const floatX* k, const float* gp, const float* bp,
-                                const floatX* log_atk_scale, int B, int H, int NC, int C, int K, float x, float eps) {
-    precond_fix_kernel<<<(long)B * H * NC, K, 0, main_stream>>>(kt, pb.astat, pb.carry, k, gp, bp, log_atk_scale, H, NC, C,
-                                                                K, logf(x), eps);
-    cudaCheck(cudaGetLastError());
+    precond_diag_remake(kt, pb, k, gp, bp, log_atk_scale, B, H, NC, C, K, x, eps);
 }
 
 // from dk̃ (hm fp32): dk += (both paths), dgp, dbp (rows) written, dlog_atk_scale (H) +=
