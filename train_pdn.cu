@@ -3800,21 +3800,21 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float
 //   dZ = dW Wᵀ + dV' Uᵀ (bf16, shared memory only), dA = -Txᵀ dZ,
 // the six outputs fp32 as the GEMMs wrote them, with dW and dZ rounded to bf16 where the GEMMs stored them so. The
 // GEMMs' round trips of dW and dZ through device memory and their second and third reads of dO, h, V', dV', Tx go:
-// at pgdn-340m 16 x 2048 a layer moves ~1.3 GB instead of ~2.6 GB. Stages: dO, h, V' (group 0) and dS, dV', Tx
-// (group 1) by cp.async, all in flight at once; W and U go where h and dS were while Txᵀ dW and Txᵀ dV' run. dW
-// takes dO's rows, dZ V''s. One block per multiprocessor at K = V = 128 (128 KiB), 16 warps.
+// at pgdn-340m 16 x 2048 a layer moves ~1.3 GB instead of ~2.6 GB. Operands arrive by cp.async into six regions,
+// each refilled once its last reader is past a barrier (r1 dO then W, r2 h then dS then dZ, r4 V' then U), so that
+// two blocks fit a multiprocessor at K = V = 128 (111 KiB each): one block's copies in flight while the other computes.
 #define BG_WARPS 16
-struct BgLayout { size_t a, vn, dvn, h, dh, tx, bytes; }; // byte offsets: dO then dW, V' then dZ, dV', h then W, dS then U, Tx
+struct BgLayout { size_t r1, r2, r3, r4, r5, r6, bytes; }; // byte offsets: dO / W, h / dS / dZ, dV', V' / U, Tx, dW
 static __host__ __device__ BgLayout bg_layout(int C, int K, int V) {
     size_t lk = K + 8, lv = V + 8, lc = C + 8;
     BgLayout z;
-    z.a = 0;
-    z.vn = z.a + scan_align(2 * C * (lk > lv ? lk : lv));
-    z.dvn = z.vn + scan_align(2 * C * (lc > lv ? lc : lv));
-    z.h = z.dvn + scan_align(2 * C * lv);
-    z.dh = z.h + scan_align(2 * (C * lk > K * lv ? C * lk : K * lv));
-    z.tx = z.dh + scan_align(2 * (C > K ? C : K) * lv);
-    z.bytes = z.tx + scan_align(2 * C * lc);
+    z.r1 = 0;
+    z.r2 = z.r1 + scan_align(2 * C * (lk > lv ? lk : lv));
+    z.r3 = z.r2 + scan_align(2 * (K * lv > C * lc ? K * lv : C * lc));
+    z.r4 = z.r3 + scan_align(2 * C * lv);
+    z.r5 = z.r4 + scan_align(2 * C * lv);
+    z.r6 = z.r5 + scan_align(2 * C * lc);
+    z.bytes = z.r6 + scan_align(2 * C * lk);
     return z;
 }
 // a 16 x 16 accumulator tile times f into bf16 rows (stride ld): the mma.sync m16n8 layout of FragC (see mma_steps)
@@ -3825,84 +3825,96 @@ __device__ __forceinline__ void frag_store_bf16(__nv_bfloat16* d, int ld, const 
         *(__nv_bfloat162*)(d + (g + 8) * ld + 8 * h + c) = __floats2bfloat162_rn(f * acc.x[4 * h + 2], f * acc.x[4 * h + 3]);
     }
 }
-__global__ void __launch_bounds__(32 * BG_WARPS) bwd_gemms_tc_kernel(float* dQg, float* dP, float* dKd, float* dX, float* dY, float* dA,
-                                                                     const floatX* dO, const floatX* hst, const floatX* Vn,
-                                                                     const floatX* dhst, const floatX* dVn, const floatX* Tx,
-                                                                     const floatX* W, const floatX* U, ChunkShape s) {
+// this warp's tiles t of the (rows / 16) x (cols / 16) tiles of a product: f(i, j) for each
+template <typename F> __device__ __forceinline__ void bg_tiles(int rows, int cols, F f) {
+    int nj = cols / 16;
+    for (int t = threadIdx.x / 32; t < rows / 16 * nj; t += BG_WARPS) { f(t / nj, t % nj); }
+}
+__global__ void __launch_bounds__(32 * BG_WARPS, 2) bwd_gemms_tc_kernel(float* dQg, float* dP, float* dKd, float* dX, float* dY, float* dA,
+                                                                        const floatX* dO, const floatX* hst, const floatX* Vn,
+                                                                        const floatX* dhst, const floatX* dVn, const floatX* Tx,
+                                                                        const floatX* W, const floatX* U, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    int C = s.C, K = s.K, V = s.V, lk = K + 8, lv = V + 8, lc = C + 8, warp = threadIdx.x / 32;
-    int mc = C / 16, mk = K / 16, mv = V / 16;
+    int C = s.C, K = s.K, V = s.V, lk = K + 8, lv = V + 8, lc = C + 8, mc = C / 16, mk = K / 16, mv = V / 16;
     long q = blockIdx.x, r0 = q * C, CC = (long)C * C, KV = (long)K * V;
     BgLayout z = bg_layout(C, K, V);
-    __nv_bfloat16 *a_s = (__nv_bfloat16*)(smem_raw + z.a), *vn_s = (__nv_bfloat16*)(smem_raw + z.vn);   // (C, V+8)
-    __nv_bfloat16 *dvn_s = (__nv_bfloat16*)(smem_raw + z.dvn), *tx_s = (__nv_bfloat16*)(smem_raw + z.tx); // (C, V+8), (C, C+8)
-    __nv_bfloat16 *h_s = (__nv_bfloat16*)(smem_raw + z.h), *dh_s = (__nv_bfloat16*)(smem_raw + z.dh);    // (K, V+8) each
-    stage_async(a_s, 2 * lv, dO + r0 * V, 2L * V, C, 2 * V);
+    __nv_bfloat16 *r1 = (__nv_bfloat16*)(smem_raw + z.r1), *r2 = (__nv_bfloat16*)(smem_raw + z.r2);
+    __nv_bfloat16 *dvn_s = (__nv_bfloat16*)(smem_raw + z.r3), *r4 = (__nv_bfloat16*)(smem_raw + z.r4);   // (C, V+8)
+    __nv_bfloat16 *tx_s = (__nv_bfloat16*)(smem_raw + z.r5), *dw_s = (__nv_bfloat16*)(smem_raw + z.r6); // (C, C+8), (C, K+8)
+    __nv_bfloat16 *do_s = r1, *h_s = r2, *vn_s = r4;  // (C, V+8), (K, V+8), (C, V+8)
+    __nv_bfloat16 *w_s = r1, *ds_s = r2, *u_s = r4;   // later: (C, K+8), (K, V+8), (C, V+8)
+    __nv_bfloat16* dz_s = r2;                         // last: (C, C+8)
+    stage_async(do_s, 2 * lv, dO + r0 * V, 2L * V, C, 2 * V);
     stage_async(h_s, 2 * lv, hst + q * KV, 2L * V, K, 2 * V);
-    stage_async(vn_s, 2 * lv, Vn + r0 * V, 2L * V, C, 2 * V);
-    __pipeline_commit();
-    stage_async(dh_s, 2 * lv, dhst + q * KV, 2L * V, K, 2 * V);
     stage_async(dvn_s, 2 * lv, dVn + r0 * V, 2L * V, C, 2 * V);
     stage_async(tx_s, 2 * lc, Tx + q * CC, 2L * C, C, 2 * C);
     __pipeline_commit();
+    stage_async(vn_s, 2 * lv, Vn + r0 * V, 2L * V, C, 2 * V);
+    __pipeline_commit();
     __pipeline_wait_prior(1);
     __syncthreads();
-    for (int t = warp; t < mc * (mk + mc); t += BG_WARPS) { // dQg = dO hᵀ, dP = dO V'ᵀ
-        bool qg = t < mc * mk;
-        int u = qg ? t : t - mc * mk, n = qg ? mk : mc, i = u / n, j = u % n;
+    bg_tiles(C, K, [&](int i, int j) { // dQg = dO hᵀ, dW = -dV' hᵀ
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
-        mma_steps<FragBT>(acc, a_s + 16 * i * lv, lv, (qg ? h_s : vn_s) + 16 * j * lv, 16, lv, mv);
-        if (qg) { wmma::store_matrix_sync(dQg + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major); }
-        else { wmma::store_matrix_sync(dP + q * CC + 16 * i * C + 16 * j, acc, C, wmma::mem_row_major); }
-    }
-    __pipeline_wait_prior(0);
-    __syncthreads();
-    __nv_bfloat16* dw_s = a_s; // (C, K+8): dO is done with
-    for (int t = warp; t < 2 * mc * mk; t += BG_WARPS) { // dKd = V' dSᵀ, dW = -dV' hᵀ
-        bool kd = t < mc * mk;
-        int u = kd ? t : t - mc * mk, i = u / mk, j = u % mk;
-        FragC acc;
+        mma_steps<FragBT>(acc, do_s + 16 * i * lv, lv, h_s + 16 * j * lv, 16, lv, mv);
+        wmma::store_matrix_sync(dQg + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major);
         wmma::fill_fragment(acc, 0.0f);
-        mma_steps<FragBT>(acc, (kd ? vn_s : dvn_s) + 16 * i * lv, lv, (kd ? dh_s : h_s) + 16 * j * lv, 16, lv, mv);
-        if (kd) { wmma::store_matrix_sync(dKd + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major); }
-        else { frag_store_bf16(dw_s + 16 * i * lk + 16 * j, lk, acc, -1.0f); }
-    }
+        mma_steps<FragBT>(acc, dvn_s + 16 * i * lv, lv, h_s + 16 * j * lv, 16, lv, mv);
+        frag_store_bf16(dw_s + 16 * i * lk + 16 * j, lk, acc, -1.0f);
+    });
     __syncthreads();
-    __nv_bfloat16 *w_s = h_s, *u_s = dh_s; // (C, K+8), (C, V+8): h and dS are done with
-    stage_async(w_s, 2 * lk, W + r0 * K, 2L * K, C, 2 * K);
-    stage_async(u_s, 2 * lv, U + r0 * V, 2L * V, C, 2 * V);
+    stage_async(ds_s, 2 * lv, dhst + q * KV, 2L * V, K, 2 * V); // h is done with
     __pipeline_commit();
-    for (int t = warp; t < mc * (mk + mv); t += BG_WARPS) { // dX = Txᵀ dW, dY = Txᵀ dV'
-        bool x = t < mc * mk;
-        int u = x ? t : t - mc * mk, n = x ? mk : mv, i = u / n, j = u % n;
+    __pipeline_wait_prior(1); // V'
+    __syncthreads();
+    bg_tiles(C, C, [&](int i, int j) { // dP = dO V'ᵀ
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
-        if (x) { mma_steps_t(acc, tx_s + 16 * i, lc, dw_s + 16 * j, 16 * lk, lk, mc); }
-        else { mma_steps_t(acc, tx_s + 16 * i, lc, dvn_s + 16 * j, 16 * lv, lv, mc); }
-        if (x) { wmma::store_matrix_sync(dX + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major); }
-        else { wmma::store_matrix_sync(dY + (r0 + 16 * i) * V + 16 * j, acc, V, wmma::mem_row_major); }
-    }
+        mma_steps<FragBT>(acc, do_s + 16 * i * lv, lv, vn_s + 16 * j * lv, 16, lv, mv);
+        wmma::store_matrix_sync(dP + q * CC + 16 * i * C + 16 * j, acc, C, wmma::mem_row_major);
+    });
+    bg_tiles(C, K + V, [&](int i, int j) { // dX = Txᵀ dW, dY = Txᵀ dV'
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        if (j < mk) {
+            mma_steps_t(acc, tx_s + 16 * i, lc, dw_s + 16 * j, 16 * lk, lk, mc);
+            wmma::store_matrix_sync(dX + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major);
+        } else {
+            mma_steps_t(acc, tx_s + 16 * i, lc, dvn_s + 16 * (j - mk), 16 * lv, lv, mc);
+            wmma::store_matrix_sync(dY + (r0 + 16 * i) * V + 16 * (j - mk), acc, V, wmma::mem_row_major);
+        }
+    });
+    __syncthreads();
+    stage_async(w_s, 2 * lk, W + r0 * K, 2L * K, C, 2 * K); // dO is done with
+    __pipeline_commit();
+    __pipeline_wait_prior(1); // dS
+    __syncthreads();
+    bg_tiles(C, K, [&](int i, int j) { // dKd = V' dSᵀ
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        mma_steps<FragBT>(acc, vn_s + 16 * i * lv, lv, ds_s + 16 * j * lv, 16, lv, mv);
+        wmma::store_matrix_sync(dKd + (r0 + 16 * i) * K + 16 * j, acc, K, wmma::mem_row_major);
+    });
+    __syncthreads();
+    stage_async(u_s, 2 * lv, U + r0 * V, 2L * V, C, 2 * V); // V' and dS are done with
+    __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
-    __nv_bfloat16* dz_s = vn_s; // (C, C+8): V' is done with
-    for (int t = warp; t < mc * mc; t += BG_WARPS) { // dZ = dW Wᵀ + dV' Uᵀ
-        int i = t / mc, j = t % mc;
+    bg_tiles(C, C, [&](int i, int j) { // dZ = dW Wᵀ + dV' Uᵀ
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
         mma_steps<FragBT>(acc, dw_s + 16 * i * lk, lk, w_s + 16 * j * lk, 16, lk, mk);
         mma_steps<FragBT>(acc, dvn_s + 16 * i * lv, lv, u_s + 16 * j * lv, 16, lv, mv);
         frag_store_bf16(dz_s + 16 * i * lc + 16 * j, lc, acc, 1.0f);
-    }
+    });
     __syncthreads();
-    for (int t = warp; t < mc * mc; t += BG_WARPS) { // dA = -Txᵀ dZ
-        int i = t / mc, j = t % mc;
+    bg_tiles(C, C, [&](int i, int j) { // dA = -Txᵀ dZ
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
         mma_steps_t(acc, tx_s + 16 * i, lc, dz_s + 16 * j, 16 * lc, lc, mc);
         for (int e = 0; e < acc.num_elements; e++) { acc.x[e] = -acc.x[e]; }
         wmma::store_matrix_sync(dA + q * CC + 16 * i * C + 16 * j, acc, C, wmma::mem_row_major);
-    }
+    });
 }
 static int gemms_force_batched = 0; // the kernel lab sets it to run the ten batched GEMMs in the bf16 build
 static bool bwd_gemms_fused(const ChunkShape& s) {
@@ -4403,7 +4415,8 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(scan_groups_combine_kernel, optin);
     allow_dynamic_smem(state_outputs_wmma_kernel<8>, optin);
     allow_dynamic_smem(state_outputs_wmma_kernel<16>, optin);
-    allow_dynamic_smem(bwd_gemms_tc_kernel, optin);
+    allow_dynamic_smem(bwd_gemms_tc_kernel, optin); // two blocks a multiprocessor: all of its shared memory for them
+    cudaCheck(cudaFuncSetAttribute((const void*)bwd_gemms_tc_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
     allow_dynamic_smem(precond_exact_backward_kernel, optin);
