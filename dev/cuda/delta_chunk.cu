@@ -42,7 +42,8 @@ Versions (everything else is the trainer's code):
       measurable (dn bwd 1.68 vs 1.69 ms) and was not kept.
   v7  v2 with the backward's chunk-local products (dQg, dP, dKd, dX, dY, dA; MixerPlan.gemms_fused) in one
       tensor-core kernel a chunk (bwd_gemms_tc_kernel) instead of ten batched GEMMs: dW and dZ stay in shared memory
-      (rounded to bf16 where the GEMMs stored them so) and dO, h, V', dV', Tx are read once. v1 .. v6 run the GEMMs.
+      (rounded to bf16 where the GEMMs stored them so) and dO, h, V', dV', Tx are read once; two blocks a
+      multiprocessor at K = V = 128 (shared regions refilled behind barriers). v1 .. v6 run the GEMMs.
       The products sum in another order than cuBLAS's, so v7 is checked against the reference, not v2's bits.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
