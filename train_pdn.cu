@@ -3916,9 +3916,13 @@ __global__ void __launch_bounds__(32 * BG_WARPS, 2) bwd_gemms_tc_kernel(float* d
         wmma::store_matrix_sync(dA + q * CC + 16 * i * C + 16 * j, acc, C, wmma::mem_row_major);
     });
 }
-static int gemms_force_batched = 0; // the kernel lab sets it to run the ten batched GEMMs in the bf16 build
+// BWD_GEMMS_FUSED_DEFAULT 1: the plan takes the fused kernel wherever it fits. gemms_force (the kernel lab): 1 the ten
+// batched GEMMs, 2 the fused kernel wherever it fits, whatever the default.
+#define BWD_GEMMS_FUSED_DEFAULT 1
+static int gemms_force = 0;
 static bool bwd_gemms_fused(const ChunkShape& s) {
-    return !gemms_force_batched && !mma_bad && s.C % 16 == 0 && s.K % 16 == 0 && s.V % 16 == 0 &&
+    bool want = gemms_force == 2 || (gemms_force == 0 && BWD_GEMMS_FUSED_DEFAULT);
+    return want && !mma_bad && s.C % 16 == 0 && s.K % 16 == 0 && s.V % 16 == 0 &&
            bg_layout(s.C, s.K, s.V).bytes + 1024 <= (size_t)smem_optin;
 }
 #endif

@@ -126,7 +126,7 @@ static bool select_version(int v, const ChunkShape& s) {
     scan_groups_force = v == 3 ? lab_groups : 0;
     scan_stages_force = v == 4 || v == 6 ? 2 : 1;
     scan_bv_force = v == 5 || v == 6 ? 16 : 32;
-    gemms_force_batched = v != 7; // v7: v2 with the backward's products in one kernel (MixerPlan.gemms_fused)
+    gemms_force = v == 7 ? 2 : 1; // v7: v2 with the backward's products in one kernel (MixerPlan.gemms_fused)
     MixerPlan p = mixer_plan(s);
     bool w = p.scan_wmma && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
     if (v == 3) { return w && p.scan_groups > 1; }
