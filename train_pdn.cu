@@ -4296,6 +4296,287 @@ __global__ void __launch_bounds__(32 * FIN_WARPS) bwd_finish_rows_kernel(
     for (int i = hi - 1; i >= lo; i--) { acc += rowg[i]; dg[r0 + i] = acc; }
 }
 
+#ifndef ENABLE_FP32
+// The whole chunk backward after the state scan in one kernel (MixerPlan.bwd_fused; scalar or no decay, K = V = 128,
+// the fused scalar scores): bwd_gemms_tc_kernel's products, bwd_scores_scalar_tc_kernel's and bwd_finish_rows_kernel's
+// work for one chunk in one block, so that dQg, dKd, dX, dY, dq_s, dkh_s, dkt_s, dP and dA never reach device memory and
+// h, dS, q̂, k̂, k̃ are read once. Each warp keeps its output tiles of dq, dk̂ and dk̃ (fp32 mma accumulators) in
+// registers from the first product to the last; the per-row and per-column sums of the finish (dG, dbeta, the last
+// row's k̃ ⊙ dKd) go through shared memory in a fixed order, so the results are deterministic (not the unfused
+// kernels' bits: their sums run in other orders).
+#define FB_WARPS 16
+#define FB_SLOTS 2 // output tiles of each of dq, dk̂, dk̃ a warp: (64 / 16) x (128 / 16) = 32 tiles, 16 warps
+struct FbLayout { size_t r1, r2, r3, r4, r5, r6, dw, dpx, q, kh, kt, f, bytes; };
+// r1 dO then W; r2 h then dZ and dMm; r3 dV'; r4 Tx; r5 V' then U; r6 dS then V; dw dW; dpx dPm; q, kh, kt the keys;
+// f the fp32 rows (G, beta, e^G, the last row's decay over each row's, the partial sums)
+#define FB_F_PER_ROW (4 + 8 + 16 + 4) // g, b, eg, ed; dG parts (K / 16); dbeta parts ((K + V) / 16); dbetaA parts (C / 16)
+static __host__ __device__ FbLayout fb_layout(int C) {
+    const size_t K = 128, V = 128, lk = K + 8, lv = V + 8, lc = C + 8;
+    FbLayout z;
+    z.r1 = 0;
+    z.r2 = z.r1 + scan_align(2 * C * lv);
+    z.r3 = z.r2 + scan_align(2 * K * lv);
+    z.r4 = z.r3 + scan_align(2 * C * lv);
+    z.r5 = z.r4 + scan_align(2 * C * lc);
+    z.r6 = z.r5 + scan_align(2 * C * lv);
+    z.dw = z.r6 + scan_align(2 * K * lv);
+    z.dpx = z.dw + scan_align(2 * C * lk);
+    z.q = z.dpx + scan_align(2 * C * lc);
+    z.kh = z.q + scan_align(2 * C * lk);
+    z.kt = z.kh + scan_align(2 * C * lk);
+    z.f = z.kt + scan_align(2 * C * lk);
+    // + (C / 16) x K column parts of the last row's term, K sums of dS ⊙ h, C row totals
+    z.bytes = z.f + scan_align(4 * ((size_t)C * FB_F_PER_ROW + (C / 16) * K + K + C));
+    return z;
+}
+// the row and column of a FragC element e within its 16 x 16 tile (the mma.sync m16n8 layout, see mma_steps)
+__device__ __forceinline__ int frag_row(int e) { return (threadIdx.x % 32) / 4 + 8 * ((e >> 1) & 1); }
+__device__ __forceinline__ int frag_col(int e) { return 2 * (threadIdx.x % 4) + (e & 1) + 8 * (e >> 2); }
+// the sums of a tile's rows over its 16 columns (v: this lane's 8 values as FragC holds them) into out[r * stride]
+// for r < 16 (lanes 4 g write rows g and g + 8): a fixed order
+__device__ __forceinline__ void frag_row_sums(const float v[8], float* out, int stride) {
+    float a = v[0] + v[1] + v[4] + v[5], b = v[2] + v[3] + v[6] + v[7];
+    a += __shfl_xor_sync(0xffffffff, a, 1); b += __shfl_xor_sync(0xffffffff, b, 1);
+    a += __shfl_xor_sync(0xffffffff, a, 2); b += __shfl_xor_sync(0xffffffff, b, 2);
+    int l = threadIdx.x % 32;
+    if (l % 4 == 0) { out[(l / 4) * stride] = a; out[(l / 4 + 8) * stride] = b; }
+}
+// the sums of a tile's columns over its 16 rows into out[c] for c < 16 (lanes 0..3 write): a fixed order
+__device__ __forceinline__ void frag_col_sums(const float v[8], float* out) {
+    float c[4] = {v[0] + v[2], v[1] + v[3], v[4] + v[6], v[5] + v[7]};
+    #pragma unroll
+    for (int k = 0; k < 4; k++) {
+        for (int o = 4; o < 32; o <<= 1) { c[k] += __shfl_xor_sync(0xffffffff, c[k], o); }
+    }
+    int l = threadIdx.x % 32;
+    if (l < 4) { out[2 * l] = c[0]; out[2 * l + 1] = c[1]; out[8 + 2 * l] = c[2]; out[9 + 2 * l] = c[3]; }
+}
+template <bool DOC>
+__global__ void __launch_bounds__(32 * FB_WARPS, 1) bwd_chunk_fused_kernel(
+    float* dq, float* dkh, float* dkt, float* dv, float* dbeta, float* dg, const floatX* dO, const floatX* hst,
+    const floatX* Vn, const floatX* dhst, const floatX* dVn, const floatX* Tx, const floatX* W, const floatX* U,
+    const floatX* Q, const floatX* Kh, const floatX* Kt, const floatX* Vv, const float* G, const float* beta, int fold_kt,
+    ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    const int K = 128, V = 128, lk = K + 8, lv = V + 8, mk = K / 16, mv = V / 16;
+    int C = s.C, lc = C + 8, mc = C / 16, n1 = C - 1, warp = threadIdx.x / 32;
+    long q = blockIdx.x, r0 = q * C, KV = (long)K * V;
+    FbLayout z = fb_layout(C);
+    typedef __nv_bfloat16 bf;
+    bf *do_s = (bf*)(smem_raw + z.r1), *h_s = (bf*)(smem_raw + z.r2), *dvn_s = (bf*)(smem_raw + z.r3);
+    bf *tx_s = (bf*)(smem_raw + z.r4), *vn_s = (bf*)(smem_raw + z.r5), *ds_s = (bf*)(smem_raw + z.r6);
+    bf *dw_s = (bf*)(smem_raw + z.dw), *dpx = (bf*)(smem_raw + z.dpx);
+    bf *q_s = (bf*)(smem_raw + z.q), *kh_s = (bf*)(smem_raw + z.kh), *kt_s = (bf*)(smem_raw + z.kt);
+    bf *w_s = do_s, *u_s = vn_s, *v_s = ds_s, *dz_s = h_s, *dmx = h_s + C * lc; // later tenants
+    float* gs = (float*)(smem_raw + z.f);     // (C) G
+    float* bs = gs + C;                        // (C) beta
+    float* egs = bs + C;                       // (C) e^G_i (0 where row i's document starts in this chunk)
+    float* eds = egs + C;                      // (C) e^(G_n - G_i) (0 across a document boundary)
+    float* pg = eds + C;                       // (C, mk) dG parts: q̂·dq + k̂·dk̂ - k̃·dk̃ per tile column
+    float* pb = pg + C * mk;                   // (C, mk + mv) dbeta parts: dX·k̂ e^G, then dY·v
+    float* pa = pb + C * (mk + mv);            // (C, mc) dbetaA parts: Σ_j dA ⊙ Mk per tile
+    float* pk = pa + C * mc;                   // (mc, K) the last row's term k̃ ⊙ dKd e^(G_n - G) per tile row
+    float* hsum = pk + mc * K;                 // (K) Σ_v dS ⊙ h
+    float* rowg = hsum + K;                    // (C) dG per row
+    const signed char* dc = DOC ? chunk_docs(s, q) : nullptr;
+    stage_async(do_s, 2 * lv, dO + r0 * V, 2L * V, C, 2 * V);
+    stage_async(h_s, 2 * lv, hst + q * KV, 2L * V, K, 2 * V);
+    stage_async(dvn_s, 2 * lv, dVn + r0 * V, 2L * V, C, 2 * V);
+    stage_async(tx_s, 2 * lc, Tx + q * C * C, 2L * C, C, 2 * C);
+    stage_async(vn_s, 2 * lv, Vn + r0 * V, 2L * V, C, 2 * V);
+    stage_async(ds_s, 2 * lv, dhst + q * KV, 2L * V, K, 2 * V);
+    stage_async(q_s, 2 * lk, Q + r0 * K, 2L * K, C, 2 * K);
+    stage_async(kh_s, 2 * lk, Kh + r0 * K, 2L * K, C, 2 * K);
+    stage_async(kt_s, 2 * lk, Kt + r0 * K, 2L * K, C, 2 * K);
+    __pipeline_commit();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) { gs[i] = s.gk ? G[r0 + i] : 0.0f; bs[i] = beta[r0 + i]; }
+    __syncthreads();
+    for (int i = threadIdx.x; i < C; i += blockDim.x) { // the finish's row factors (bwd_finish_rows_kernel)
+        float eg = s.gk ? expf(gs[i]) : 1.0f, ed = s.gk ? expf(gs[n1] - gs[i]) : 1.0f;
+        if (dc && dc[i] >= 0) { eg = 0.0f; }
+        if (dc && dc[i] != dc[n1]) { ed = 0.0f; }
+        egs[i] = eg; eds[i] = ed;
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    FragC aq[FB_SLOTS], akh[FB_SLOTS], akt[FB_SLOTS]; // this warp's tiles (i, j) = t / mk, t % mk, t = warp + FB_WARPS u
+    const int ntile = mc * mk;
+    // 1. dQg = dO hᵀ (into dq's tiles), dKd = V' dSᵀ (into dk̃'s: scaled by e^(G_n - G_i), and the last row's term),
+    //    dW = -dV' hᵀ (bf16); dPm = lower-with-diagonal(dO V'ᵀ) ⊙ E (bf16); Σ_v dS ⊙ h
+    #pragma unroll
+    for (int u = 0; u < FB_SLOTS; u++) {
+        int t = warp + FB_WARPS * u, i = t / mk, j = t % mk;
+        wmma::fill_fragment(aq[u], 0.0f);
+        wmma::fill_fragment(akh[u], 0.0f);
+        wmma::fill_fragment(akt[u], 0.0f);
+        if (t >= ntile) { continue; }
+        mma_steps<FragBT>(aq[u], do_s + 16 * i * lv, lv, h_s + 16 * j * lv, 16, lv, mv);
+        mma_steps<FragBT>(akt[u], vn_s + 16 * i * lv, lv, ds_s + 16 * j * lv, 16, lv, mv);
+        float v[8];
+        for (int e = 0; e < 8; e++) {
+            int r = 16 * i + frag_row(e), c = 16 * j + frag_col(e);
+            akt[u].x[e] *= eds[r];
+            v[e] = __bfloat162float(kt_s[r * lk + c]) * akt[u].x[e];
+        }
+        frag_col_sums(v, pk + i * K + 16 * j);
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        mma_steps<FragBT>(acc, dvn_s + 16 * i * lv, lv, h_s + 16 * j * lv, 16, lv, mv);
+        frag_store_bf16(dw_s + 16 * i * lk + 16 * j, lk, acc, -1.0f);
+    }
+    for (int t = warp; t < mc * mc; t += FB_WARPS) {
+        int I = t / mc, J = t % mc;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        if (J <= I) { mma_steps<FragBT>(acc, do_s + 16 * I * lv, lv, vn_s + 16 * J * lv, 16, lv, mv); }
+        for (int e = 0; e < 8; e++) {
+            int r = 16 * I + frag_row(e), c = 16 * J + frag_col(e);
+            float E = (s.gk && c <= r) ? expf(gs[r] - gs[c]) : 1.0f; // never above the diagonal: overflow
+            if (dc && dc[r] != dc[c]) { E = 0.0f; }
+            acc.x[e] = c <= r ? acc.x[e] * E : 0.0f;
+        }
+        frag_store_bf16(dpx + 16 * I * lc + 16 * J, lc, acc, 1.0f);
+    }
+    for (int a = warp; a < K; a += FB_WARPS) { // a warp per state row
+        float sum = 0.0f;
+        for (int c = threadIdx.x % 32; c < V; c += 32) { sum += __bfloat162float(ds_s[a * lv + c]) * __bfloat162float(h_s[a * lv + c]); }
+        sum = warp_sum(sum);
+        if (threadIdx.x % 32 == 0) { hsum[a] = sum; }
+    }
+    __syncthreads();
+    // 2. W, U, V into the rows dO, V', dS left; meanwhile dX = Txᵀ dW (into dk̂'s tiles: b e^G dX, and dbeta's part)
+    stage_async(w_s, 2 * lk, W + r0 * K, 2L * K, C, 2 * K);
+    stage_async(u_s, 2 * lv, U + r0 * V, 2L * V, C, 2 * V);
+    stage_async(v_s, 2 * lv, Vv + r0 * V, 2L * V, C, 2 * V);
+    __pipeline_commit();
+    #pragma unroll
+    for (int u = 0; u < FB_SLOTS; u++) {
+        int t = warp + FB_WARPS * u, i = t / mk, j = t % mk;
+        if (t >= ntile) { continue; }
+        mma_steps_t(akh[u], tx_s + 16 * i, lc, dw_s + 16 * j, 16 * lk, lk, mc);
+        float v[8];
+        for (int e = 0; e < 8; e++) {
+            int r = 16 * i + frag_row(e), c = 16 * j + frag_col(e);
+            v[e] = akh[u].x[e] * __bfloat162float(kh_s[r * lk + c]) * egs[r];
+            akh[u].x[e] *= bs[r] * egs[r];
+        }
+        frag_row_sums(v, pb + 16 * i * (mk + mv) + j, mk + mv);
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    // 3. dY = Txᵀ dV' (dv = beta dY, and dbeta's part); dZ = dW Wᵀ + dV' Uᵀ (bf16, over h's rows)
+    for (int t = warp; t < mc * mv; t += FB_WARPS) {
+        int i = t / mv, j = t % mv;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        mma_steps_t(acc, tx_s + 16 * i, lc, dvn_s + 16 * j, 16 * lv, lv, mc);
+        float v[8];
+        for (int e = 0; e < 8; e++) {
+            int r = 16 * i + frag_row(e), c = 16 * j + frag_col(e);
+            v[e] = acc.x[e] * __bfloat162float(v_s[r * lv + c]);
+            acc.x[e] *= bs[r];
+        }
+        frag_row_sums(v, pb + 16 * i * (mk + mv) + mk + j, mk + mv);
+        wmma::store_matrix_sync(dv + (r0 + 16 * i) * V + 16 * j, acc, V, wmma::mem_row_major);
+    }
+    for (int t = warp; t < mc * mc; t += FB_WARPS) {
+        int i = t / mc, j = t % mc;
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        mma_steps<FragBT>(acc, dw_s + 16 * i * lk, lk, w_s + 16 * j * lk, 16, lk, mk);
+        mma_steps<FragBT>(acc, dvn_s + 16 * i * lv, lv, u_s + 16 * j * lv, 16, lv, mv);
+        frag_store_bf16(dz_s + 16 * i * lc + 16 * j, lc, acc, 1.0f);
+    }
+    __syncthreads();
+    // 4. dA = -Txᵀ dZ, strict lower: dMm = beta_i dA ⊙ E (bf16) and dbetaA's parts Σ_j dA ⊙ Mk (Mk = (K̂ K̃ᵀ) ⊙ E as
+    //    scores_scalar_tc_kernel makes it)
+    for (int t = warp; t < mc * mc; t += FB_WARPS) {
+        int I = t / mc, J = t % mc;
+        FragC acc, mk_;
+        wmma::fill_fragment(acc, 0.0f);
+        wmma::fill_fragment(mk_, 0.0f);
+        if (J <= I) {
+            mma_steps_t(acc, tx_s + 16 * I, lc, dz_s + 16 * J, 16 * lc, lc, mc);
+            mma_steps<FragBT>(mk_, kh_s + 16 * I * lk, lk, kt_s + 16 * J * lk, 16, lk, mk);
+        }
+        float v[8];
+        for (int e = 0; e < 8; e++) {
+            int r = 16 * I + frag_row(e), c = 16 * J + frag_col(e);
+            float E = (s.gk && c < r) ? expf(gs[r] - gs[c]) : 1.0f;
+            if (dc && dc[r] != dc[c]) { E = 0.0f; }
+            float da = c < r ? -acc.x[e] : 0.0f;
+            v[e] = c < r ? da * (mk_.x[e] * E) : 0.0f;
+            acc.x[e] = bs[r] * da * E;
+        }
+        frag_row_sums(v, pa + 16 * I * mc + J, mc);
+        frag_store_bf16(dmx + 16 * I * lc + 16 * J, lc, acc, 1.0f);
+    }
+    __syncthreads();
+    // 5. the scores' products into the kept tiles: dq += dPm K̃, dk̂ += dMm K̃, dk̃ += dPmᵀ Q̂ + dMmᵀ K̂; dG's parts; out
+    #pragma unroll
+    for (int u = 0; u < FB_SLOTS; u++) {
+        int t = warp + FB_WARPS * u, I = t / mk, n = t % mk;
+        if (t >= ntile) { continue; }
+        for (int e = 0; e < 8; e++) { aq[u].x[e] *= egs[16 * I + frag_row(e)]; }
+        mma_steps<FragB>(aq[u], dpx + 16 * I * lc, lc, kt_s + 16 * n, 16 * lk, lk, I + 1);
+        mma_steps<FragB>(akh[u], dmx + 16 * I * lc, lc, kt_s + 16 * n, 16 * lk, lk, I + 1);
+        for (int J = I; J < mc; J++) {
+            mma_steps_t(akt[u], dpx + 16 * J * lc + 16 * I, lc, q_s + 16 * J * lk + 16 * n, 0, lk, 1);
+            mma_steps_t(akt[u], dmx + 16 * J * lc + 16 * I, lc, kh_s + 16 * J * lk + 16 * n, 0, lk, 1);
+        }
+        float v[8];
+        for (int e = 0; e < 8; e++) {
+            int r = 16 * I + frag_row(e), c = 16 * n + frag_col(e);
+            v[e] = __bfloat162float(q_s[r * lk + c]) * aq[u].x[e] + __bfloat162float(kh_s[r * lk + c]) * akh[u].x[e] -
+                   __bfloat162float(kt_s[r * lk + c]) * akt[u].x[e];
+        }
+        frag_row_sums(v, pg + 16 * I * mk + n, mk);
+        long o = (r0 + 16 * I) * K + 16 * n;
+        wmma::store_matrix_sync(dq + o, aq[u], K, wmma::mem_row_major);
+        if (fold_kt) {
+            for (int e = 0; e < 8; e++) { akh[u].x[e] += akt[u].x[e]; }
+        } else {
+            wmma::store_matrix_sync(dkt + o, akt[u], K, wmma::mem_row_major);
+        }
+        wmma::store_matrix_sync(dkh + o, akh[u], K, wmma::mem_row_major);
+    }
+    __syncthreads();
+    // 6. per row: dbeta = Σ dbeta parts + Σ dbetaA parts; dG_i; dg = the reverse cumsum of dG plus the last row's term
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float b = 0.0f, a = 0.0f, gsum = 0.0f;
+        for (int j = 0; j < mk + mv; j++) { b += pb[i * (mk + mv) + j]; }
+        for (int j = 0; j < mc; j++) { a += pa[i * mc + j]; }
+        for (int j = 0; j < mk; j++) { gsum += pg[i * mk + j]; }
+        dbeta[r0 + i] = b + a;
+        rowg[i] = gsum;
+    }
+    if (!s.gk) { return; }
+    __syncthreads();
+    if (warp != 0) { return; }
+    int lane = threadIdx.x % 32;
+    float egn = dc && dc[n1] >= 0 ? 0.0f : expf(gs[n1]), tot = 0.0f;
+    for (int a = lane; a < K; a += 32) {
+        float kx = 0.0f;
+        for (int i = 0; i < mc; i++) { kx += pk[i * K + a]; }
+        tot += kx + egn * hsum[a];
+    }
+    tot = warp_sum(tot);
+    if (lane == 0) {
+        float acc = tot;
+        for (int i = n1; i >= 0; i--) { acc += rowg[i]; dg[r0 + i] = acc; }
+    }
+}
+// BWD_FUSED_DEFAULT 0: bwd_chunk_fused_kernel is written but has not yet run on a GPU. bwd_fused_force (the kernel
+// lab's v8): 1 runs it where the plan's other conditions hold (the fused products and scalar scores, K = V = 128),
+// 2 never.
+#define BWD_FUSED_DEFAULT 0
+static int bwd_fused_force = 0;
+static bool bwd_fused_fits(const ChunkShape& s) {
+    return (bwd_fused_force == 1 || (bwd_fused_force == 0 && BWD_FUSED_DEFAULT)) && s.C % 16 == 0 && s.C <= 64 &&
+           fb_layout(s.C).bytes + 1024 <= (size_t)smem_optin;
+}
+#endif
+
 // floatX copy of an fp32 buffer, XVEC elements per thread (16-byte stores), a partial vector at the end
 __global__ void to_floatX_kernel(floatX* out, const float* in, long n) {
     long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * XVEC;
@@ -4420,6 +4701,8 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(state_outputs_wmma_kernel<8>, optin);
     allow_dynamic_smem(state_outputs_wmma_kernel<16>, optin);
     allow_dynamic_smem(bwd_gemms_tc_kernel, optin); // two blocks a multiprocessor: all of its shared memory for them
+    allow_dynamic_smem(bwd_chunk_fused_kernel<false>, optin);
+    allow_dynamic_smem(bwd_chunk_fused_kernel<true>, optin);
     cudaCheck(cudaFuncSetAttribute((const void*)bwd_gemms_tc_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
@@ -4450,6 +4733,7 @@ struct MixerPlan {
     bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
     bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
     bool gemms_fused;   // the backward's chunk-local products in one tensor-core kernel; else ten batched GEMMs
+    bool bwd_fused;     // products, scores and finish in one kernel (bwd_chunk_fused_kernel); else three steps
     OutsPlan outs;      // with scan_wmma: the V'/O remake's work items, stage buffers and warps (outs_plan_for)
 };
 // Chunk groups for the tensor-core scans: enough (b, h, 32-column) blocks for two per multiprocessor, with at least 4
@@ -4512,6 +4796,9 @@ static MixerPlan mixer_plan(const ChunkShape& s) {
     p.gemms_fused = bwd_gemms_fused(s);
 #endif
     p.finish_rows = s.gk <= 1 && s.K == 128 && s.V == 128;
+#ifndef ENABLE_FP32
+    p.bwd_fused = p.gemms_fused && p.scores_fused && p.finish_rows && bwd_fused_fits(s);
+#endif
     return p;
 }
 // K, V: the model's head sizes (s has the padded ones, mixer_pad)
@@ -4532,6 +4819,11 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
         snprintf(scan + strlen(scan), sizeof scan - strlen(scan),
                  ", %d value columns a block; V', O made again by %d columns, %d stage%s, %d warps", p.scan_bv, p.outs.bw,
                  p.outs.ns, p.outs.ns > 1 ? "s" : "", p.outs.nw);
+    }
+    if (p.bwd_fused) {
+        printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward after the scan in one kernel a chunk "
+               "(products, scores, finish)\n", s.K, s.V, pad, s.C, scan, scores);
+        return;
     }
     printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward products %s; backward finish %s\n", s.K, s.V, pad,
            s.C, scan, scores, p.gemms_fused ? "in one tensor-core kernel" : "by batched GEMMs",
@@ -4712,6 +5004,16 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
         sc->dhstate, sc->dVn, sc->dVloc, dO, sc->W, sc->Qg, sc->Kd, sv->G, nullptr, s);
     cudaCheck(cudaGetLastError());
     }
+#ifndef ENABLE_FP32
+    if (p.bwd_fused) { // products, scores and finish in one kernel
+        PROF("mixer.bwd.fused");
+        (s.doc ? bwd_chunk_fused_kernel<true> : bwd_chunk_fused_kernel<false>)<<<nq, 32 * FB_WARPS, fb_layout(C).bytes, main_stream>>>(
+            dq, dkh, dkt, dv, dbeta, dg, dO, sv->hstate, sv->Vn, sc->dhstate, sc->dVn, sv->Tx, sc->W, sc->U, Q, Kh, Kt, Vv,
+            sv->G, beta, fold_kt, s);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
+#endif
     {
     PROF("mixer.bwd.gemms");
 #ifndef ENABLE_FP32
@@ -5663,8 +5965,9 @@ static void mixer_scratch_grads_add(Arena& ar, MixerScratch* sc, const ChunkShap
     long rows = s.nq * s.C, CC = (long)s.C * s.C, K = s.K, V = s.V, nq = s.nq;
     bool gemm_scores = s.gk <= 1 && !p.scores_fused;
     if (!p.scan_wmma) { ar.add(&sc->dVloc, rows * V); }
-    ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K);
-    ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V); ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
+    ar.add(&sc->dhstate, nq * K * V); ar.add(&sc->dVn, rows * V);
+    if (p.bwd_fused) { return; } // the rest stays on chip
+    ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K); ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V);
     if (!p.gemms_fused) { ar.add(&sc->dWx, rows * K); ar.add(&sc->dZx, nq * CC); ar.add(&sc->dZ, nq * CC); }
     ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dbetaA, rows);
     if (gemm_scores) { ar.add(&sc->dPm, nq * CC); ar.add(&sc->dMm, nq * CC); }

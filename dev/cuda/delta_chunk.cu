@@ -48,6 +48,12 @@ Versions (everything else is the trainer's code):
       accumulator here). On an H100 (2026-12-07): 3,443 checks PASS, equal to v2 bit for bit at 40 of 48 shapes
       (the tensor cores sum over k in cuBLAS's order) and within 1.8e-6 at the rest; fwd+bwd at B = 16 T = 2048
       pgdn 4.33 -> 4.03 ms, dn 3.47 -> 3.13; at B = 1 T = 16384 pgdn 4.05 -> 3.97. The trainer's plan since then.
+  v8  v7 with the rest of the backward after the state scan in the same kernel (MixerPlan.bwd_fused,
+      bwd_chunk_fused_kernel; scalar or no decay, K = V = 128): the products, the scalar scores' backward and the
+      finish in one block a chunk, dq, dk̂, dk̃ kept in registers from the first product to the last, so that dQg,
+      dKd, dX, dY, dq_s, dkh_s, dkt_s, dP, dA never reach device memory. Its sums run in other orders than the
+      unfused kernels': checked against the reference and against v2 at 1e-3. Written 2026-12-07 without a GPU:
+      the trainer does not take it (BWD_FUSED_DEFAULT 0) until this version has run here.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
@@ -97,11 +103,12 @@ Exit code: 0 if every check passed, 1 if any failed.
 #define NVERSIONS 1
 static const double TOL = 1e-4;
 #else
-#define NVERSIONS 7
+#define NVERSIONS 8
 static const double TOL = 2e-2;
 #endif
-static const char* VERSION_NAME[8] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
-                                      "v5 16-column scans", "v6 16 col, staged", "v7 v2 + bwd products"};
+static const char* VERSION_NAME[9] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
+                                      "v5 16-column scans", "v6 16 col, staged", "v7 v2 + bwd products",
+                                      "v8 v7 + fused bwd"};
 #ifndef ENABLE_FP32
 static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of 2 chunks, timing the trainer's rule (-1)
 #endif
@@ -129,14 +136,16 @@ static bool select_version(int v, const ChunkShape& s) {
     scan_groups_force = v == 3 ? lab_groups : 0;
     scan_stages_force = v == 4 || v == 6 ? 2 : 1;
     scan_bv_force = v == 5 || v == 6 ? 16 : 32;
-    gemms_force = v == 7 ? 2 : 1; // v7: v2 with the backward's products in one kernel (MixerPlan.gemms_fused)
+    gemms_force = v >= 7 ? 2 : 1; // v7: v2 with the backward's products in one kernel (MixerPlan.gemms_fused)
+    bwd_fused_force = v == 8 ? 1 : 2; // v8: products, scores, finish in one kernel (MixerPlan.bwd_fused)
     MixerPlan p = mixer_plan(s);
     bool w = p.scan_wmma && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
     if (v == 3) { return w && p.scan_groups > 1; }
     if (v == 4) { return w && p.scan_groups == 1 && p.scan_stages == 2; }
     if (v == 5) { return w && p.scan_groups == 1 && p.scan_bv == 16; }
     if (v == 6) { return w && p.scan_groups == 1 && p.scan_bv == 16 && p.scan_stages == 2; }
-    if (v == 7) { return w && p.scan_groups == 1 && p.gemms_fused; }
+    if (v == 7) { return w && p.scan_groups == 1 && p.gemms_fused && !p.bwd_fused; }
+    if (v == 8) { return w && p.scan_groups == 1 && p.bwd_fused; }
     return v == 1 ? !w : (w && p.scan_groups == 1);
 #endif
 }
@@ -417,8 +426,12 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
             printf("skip %s: %s: two stage buffers do not fit at K = %d\n", tag, VERSION_NAME[v], K);
             continue;
         }
-        if (v == 7 && bg_layout(C, K, V).bytes + 1024 > (size_t)smem_optin) { // by design: the plan then runs the GEMMs
+        if (v >= 7 && bg_layout(C, K, V).bytes + 1024 > (size_t)smem_optin) { // by design: the plan then runs the GEMMs
             printf("skip %s: %s: the fused products do not fit at K = %d\n", tag, VERSION_NAME[v], K);
+            continue;
+        }
+        if (v == 8 && (gk > 1 || K != 128)) { // by design: scalar or no decay at K = V = 128 only
+            printf("skip %s: %s: only for a scalar or no decay at K = V = 128\n", tag, VERSION_NAME[v]);
             continue;
         }
 #endif
@@ -472,7 +485,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
             if (two_keys) { add(d.dkt, rows * K); }
             if (gk) { add(d.dg, h.g.size()); }
             if (v == 2) { out_v2 = all; }
-            else if (v == 7 && !out_v2.empty()) {
+            else if (v >= 7 && !out_v2.empty()) {
                 // v2's bits are not expected (the products sum in another order), but nearly: fp32 sums in another
                 // order differ by ~1e-6 relative, and the few dW, dZ elements whose bf16 rounding then flips move by one
                 // bf16 step (2^-8 relative) each; a wrong tile or a missing term moves them by order 1
