@@ -3830,6 +3830,15 @@ template <typename F> __device__ __forceinline__ void bg_tiles(int rows, int col
     int nj = cols / 16;
     for (int t = threadIdx.x / 32; t < rows / 16 * nj; t += BG_WARPS) { f(t / nj, t % nj); }
 }
+// tile (i, j) of dZ = dW Wᵀ + dV' Uᵀ (C x C) in bf16; dW, W rows of lk, dV', U rows of lv, dZ rows of lc
+__device__ __forceinline__ void bg_dz_tile(__nv_bfloat16* dz, int lc, const __nv_bfloat16* dw, const __nv_bfloat16* w, int lk,
+                                           int mk, const __nv_bfloat16* dvn, const __nv_bfloat16* u, int lv, int mv, int i, int j) {
+    FragC acc;
+    wmma::fill_fragment(acc, 0.0f);
+    mma_steps<FragBT>(acc, dw + 16 * i * lk, lk, w + 16 * j * lk, 16, lk, mk);
+    mma_steps<FragBT>(acc, dvn + 16 * i * lv, lv, u + 16 * j * lv, 16, lv, mv);
+    frag_store_bf16(dz + 16 * i * lc + 16 * j, lc, acc, 1.0f);
+}
 __global__ void __launch_bounds__(32 * BG_WARPS, 2) bwd_gemms_tc_kernel(float* dQg, float* dP, float* dKd, float* dX, float* dY, float* dA,
                                                                         const floatX* dO, const floatX* hst, const floatX* Vn,
                                                                         const floatX* dhst, const floatX* dVn, const floatX* Tx,
@@ -3900,13 +3909,7 @@ __global__ void __launch_bounds__(32 * BG_WARPS, 2) bwd_gemms_tc_kernel(float* d
     __pipeline_commit();
     __pipeline_wait_prior(0);
     __syncthreads();
-    bg_tiles(C, C, [&](int i, int j) { // dZ = dW Wᵀ + dV' Uᵀ
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-        mma_steps<FragBT>(acc, dw_s + 16 * i * lk, lk, w_s + 16 * j * lk, 16, lk, mk);
-        mma_steps<FragBT>(acc, dvn_s + 16 * i * lv, lv, u_s + 16 * j * lv, 16, lv, mv);
-        frag_store_bf16(dz_s + 16 * i * lc + 16 * j, lc, acc, 1.0f);
-    });
+    bg_tiles(C, C, [&](int i, int j) { bg_dz_tile(dz_s, lc, dw_s, w_s, lk, mk, dvn_s, u_s, lv, mv, i, j); }); // dZ
     __syncthreads();
     bg_tiles(C, C, [&](int i, int j) { // dA = -Txᵀ dZ
         FragC acc;
@@ -4479,14 +4482,7 @@ __global__ void __launch_bounds__(32 * FB_WARPS, 1) bwd_chunk_fused_kernel(
         frag_row_sums(v, pb + 16 * i * (mk + mv) + mk + j, mk + mv);
         wmma::store_matrix_sync(dv + (r0 + 16 * i) * V + 16 * j, acc, V, wmma::mem_row_major);
     }
-    for (int t = warp; t < mc * mc; t += FB_WARPS) {
-        int i = t / mc, j = t % mc;
-        FragC acc;
-        wmma::fill_fragment(acc, 0.0f);
-        mma_steps<FragBT>(acc, dw_s + 16 * i * lk, lk, w_s + 16 * j * lk, 16, lk, mk);
-        mma_steps<FragBT>(acc, dvn_s + 16 * i * lv, lv, u_s + 16 * j * lv, 16, lv, mv);
-        frag_store_bf16(dz_s + 16 * i * lc + 16 * j, lc, acc, 1.0f);
-    }
+    for (int t = warp; t < mc * mc; t += FB_WARPS) { bg_dz_tile(dz_s, lc, dw_s, w_s, lk, mk, dvn_s, u_s, lv, mv, t / mc, t % mc); }
     __syncthreads();
     // 4. dA = -Txᵀ dZ, strict lower: dMm = beta_i dA ⊙ E (bf16) and dbetaA's parts Σ_j dA ⊙ Mk (Mk = (K̂ K̃ᵀ) ⊙ E as
     //    scores_scalar_tc_kernel makes it)
