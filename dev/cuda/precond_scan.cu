@@ -41,7 +41,7 @@ Versions:
   v10 the trainer's since 2026-12-07: v7's forward and remake, but the remake (or the forward of a layer whose backward
       makes nothing again) stores the statistic, and the backward is v6's: fwd 6 bytes an element, remake 8, bwd 28.
       In the trainer: the debug states equal v6's byte for byte (scripts/bitcmp.sh, 13 rows, H100), pgdn-340m
-      16 x 2048 +0.6% (results/conv_precond_2026-12-07_h100/). This lab's v10 rows have not run on a GPU yet.
+      16 x 2048 +0.6% (results/conv_precond_2026-12-07_h100/). This lab's v10 rows first ran on an H100 2026-12-07: 183/183 checks PASS.
 
 CPU reference: precond_diag_forward / precond_diag_backward of train_pdn.c, in double, from the inputs as the device
 sees them (k̂ and log_atk_scale rounded to floatX).
