@@ -2255,15 +2255,36 @@ __device__ __forceinline__ bool chunk_cut(const ChunkShape& s, long q) {
     return s.doc && s.doc[q / ((long)s.H * s.NC) * s.Tp + q % s.NC * s.C + s.C - 1] >= 0;
 }
 
-// G (cumsum, hm (rows, gw) fp32), X, Y, Qg, Kd (hm floatX). One block per chunk; VEC floatX per access (16 bytes
-// where the widths allow: this kernel only moves memory).
+// One pack of row i, columns j0 .. j0 + VEC - 1: X = b e^G k̂, Qg = q e^G, Kd = k̃ e^(G_n - G) from the chunk's cumsum
+// rows Gs (a scalar decay: one factor pair a row). Documents (dc): a row whose document started in this chunk does not
+// see the start state (e^G = 0); a row outside the chunk's last document does not write the next one (e^(G_n - G) = 0).
+template <int VEC, typename P>
+__device__ __forceinline__ void prep_pack(P& xo, P& qo, P& ko, const P& qv, const P& khv, const P& ktv, const float* Gs,
+                                          const ChunkShape& s, const signed char* dc, float b, int i, int j0) {
+    int C = s.C, gw = s.gk ? s.gk : 1, chan = s.gk > 1;
+    float eg_row = 1.0f, ed_row = 1.0f;
+    if (s.gk && !chan) { float gi = Gs[i]; eg_row = expf(gi); ed_row = expf(Gs[C - 1] - gi); }
+    bool sees = !dc || dc[i] < 0, last = !dc || dc[i] == dc[C - 1];
+    #pragma unroll
+    for (int u = 0; u < VEC; u++) {
+        float eg = eg_row, ed = ed_row;
+        if (chan) { float gi = Gs[i * gw + j0 + u]; eg = expf(gi); ed = expf(Gs[(C - 1) * gw + j0 + u] - gi); }
+        eg = sees ? eg : 0.0f;
+        ed = last ? ed : 0.0f;
+        xo.v[u] = fromf<floatX>(b * tof(khv.v[u]) * eg);
+        qo.v[u] = fromf<floatX>(tof(qv.v[u]) * eg);
+        ko.v[u] = fromf<floatX>(tof(ktv.v[u]) * ed);
+    }
+}
+// G (cumsum, hm (rows, gw) fp32), X, Y, Qg, Kd (hm floatX); with X null G alone. One block per chunk; VEC floatX per
+// access (16 bytes where the widths allow: this kernel only moves memory).
 template <int VEC>
 __global__ void chunk_prep_kernel(float* __restrict__ G, floatX* __restrict__ X, floatX* __restrict__ Y, floatX* __restrict__ Qg, floatX* __restrict__ Kd, const floatX* __restrict__ Q, const floatX* __restrict__ Kh,
                                   const floatX* __restrict__ Kt, const floatX* __restrict__ Vv, const float* __restrict__ beta, const float* __restrict__ g, ChunkShape s) {
     struct alignas(VEC * sizeof(floatX)) Pk { floatX v[VEC]; };
     extern __shared__ float Gs[]; // C * gw
     long q = blockIdx.x;
-    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, chan = s.gk > 1;
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1;
     long r0 = q * C;
     if (s.gk) {
         // the chunk's gates in parallel (all loads in flight), then the in-chunk cumsum per channel in shared memory
@@ -2276,25 +2297,14 @@ __global__ void chunk_prep_kernel(float* __restrict__ G, floatX* __restrict__ X,
         __syncthreads();
         for (int e = threadIdx.x; e < C * gw; e += blockDim.x) { G[r0 * gw + e] = Gs[e]; }
     }
+    if (!X) { return; } // the gates alone (the forward before prep_wy_kernel)
     const signed char* dc = chunk_docs(s, q);
     #pragma unroll 2
     for (int e = threadIdx.x * VEC; e < C * K; e += blockDim.x * VEC) {
         int i = e / K, j0 = e % K;
-        float b = beta[r0 + i], eg_row = 1.0f, ed_row = 1.0f; // a scalar decay: one factor pair per row
-        if (s.gk && !chan) { float gi = Gs[i]; eg_row = expf(gi); ed_row = expf(Gs[C - 1] - gi); }
-        bool sees = !dc || dc[i] < 0, last = !dc || dc[i] == dc[C - 1]; // documents: row i sees S; it writes the next
         long idx = (r0 + i) * K + j0;
         Pk qv = *(const Pk*)(Q + idx), khv = *(const Pk*)(Kh + idx), ktv = *(const Pk*)(Kt + idx), xo, qo, ko;
-        #pragma unroll
-        for (int u = 0; u < VEC; u++) {
-            float eg = eg_row, ed = ed_row;
-            if (chan) { float gi = Gs[i * gw + j0 + u]; eg = expf(gi); ed = expf(Gs[(C - 1) * gw + j0 + u] - gi); }
-            eg = sees ? eg : 0.0f;
-            ed = last ? ed : 0.0f;
-            xo.v[u] = fromf<floatX>(b * tof(khv.v[u]) * eg);
-            qo.v[u] = fromf<floatX>(tof(qv.v[u]) * eg);
-            ko.v[u] = fromf<floatX>(tof(ktv.v[u]) * ed);
-        }
+        prep_pack<VEC>(xo, qo, ko, qv, khv, ktv, Gs, s, dc, beta[r0 + i], i, j0);
         *(Pk*)(X + idx) = xo;
         *(Pk*)(Qg + idx) = qo;
         *(Pk*)(Kd + idx) = ko;
@@ -4577,6 +4587,84 @@ static bool bwd_fused_fits(const ChunkShape& s) {
     return (bwd_fused_force == 1 || (bwd_fused_force == 0 && BWD_FUSED_DEFAULT)) && s.C % 16 == 0 && s.C <= 64 &&
            fb_layout(s.C).bytes + 1024 <= (size_t)smem_optin;
 }
+
+// The WY form with its inputs made on chip: per chunk X = beta e^G k̂ and Y = beta v, rounded to bf16 as chunk_prep
+// stores them, stay in shared memory; W = Tx X and U = Tx Y on tensor cores (fp32 sums, bf16 out, as the batched GEMMs
+// give them); Qg and Kd as chunk_prep writes them. Saves X and Y's round trip (4 x 64 MiB a layer at pgdn-340m
+// 16 x 2048) in the forward and again in the remake. G (the in-chunk cumsum) is already in place: chunk_prep's gates
+// pass in the forward, kept per layer for the remake. The forward and the remake both run this kernel, so W and U
+// made again are the forward's bit for bit. One block a chunk, 8 warps over the (C / 16) x ((K + V) / 16) tiles.
+#define PW_WARPS 8
+struct PwLayout { size_t x, y, g, bytes; }; // byte offsets: Tx (C, C + 8) at 0, X (C, K + 8), Y (C, V + 8), G + beta
+static __host__ __device__ PwLayout pw_layout(int C, int K, int V, int gw) {
+    PwLayout z;
+    z.x = scan_align(2 * (size_t)C * (C + 8));
+    z.y = z.x + scan_align(2 * (size_t)C * (K + 8));
+    z.g = z.y + scan_align(2 * (size_t)C * (V + 8));
+    z.bytes = z.g + scan_align(sizeof(float) * (size_t)C * (gw + 1));
+    return z;
+}
+__global__ void __launch_bounds__(32 * PW_WARPS) prep_wy_kernel(floatX* W, floatX* U, floatX* Qg, floatX* Kd, const floatX* Tx,
+                                                                const floatX* Q, const floatX* Kh, const floatX* Kt,
+                                                                const floatX* Vv, const float* beta, const float* G,
+                                                                ChunkShape s) {
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    int C = s.C, K = s.K, V = s.V, gw = s.gk ? s.gk : 1, lk = K + 8, lv = V + 8, lc = C + 8;
+    int mc = C / 16, mk = K / 16, mv = V / 16;
+    long q = blockIdx.x, r0 = q * C;
+    PwLayout z = pw_layout(C, K, V, gw);
+    __nv_bfloat16 *tx_s = (__nv_bfloat16*)smem_raw, *x_s = (__nv_bfloat16*)(smem_raw + z.x); // (C, C + 8), (C, K + 8)
+    __nv_bfloat16* y_s = (__nv_bfloat16*)(smem_raw + z.y);                                      // (C, V + 8)
+    float *gs = (float*)(smem_raw + z.g), *bs = gs + C * gw;                                    // (C, gw), (C)
+    stage_async(tx_s, 2 * lc, Tx + q * C * C, 2L * C, C, 2 * C); // in flight while X, Y are made
+    __pipeline_commit();
+    for (int e = threadIdx.x; e < C * gw; e += blockDim.x) { gs[e] = s.gk ? G[r0 * gw + e] : 0.0f; }
+    for (int i = threadIdx.x; i < C; i += blockDim.x) { bs[i] = beta[r0 + i]; }
+    __syncthreads();
+    const signed char* dc = chunk_docs(s, q);
+    for (int e = threadIdx.x * XVEC; e < C * K; e += blockDim.x * XVEC) { // chunk_prep_kernel's arithmetic, X on chip
+        int i = e / K, j0 = e % K;
+        long idx = (r0 + i) * K + j0;
+        XPack qv = *(const XPack*)(Q + idx), khv = *(const XPack*)(Kh + idx), ktv = *(const XPack*)(Kt + idx), xo, qo, ko;
+        prep_pack<XVEC>(xo, qo, ko, qv, khv, ktv, gs, s, dc, bs[i], i, j0);
+        *(XPack*)(x_s + i * lk + j0) = xo;
+        *(XPack*)(Qg + idx) = qo;
+        *(XPack*)(Kd + idx) = ko;
+    }
+    for (int e = threadIdx.x * XVEC; e < C * V; e += blockDim.x * XVEC) {
+        int i = e / V, j0 = e % V;
+        float b = bs[i];
+        XPack vv = *(const XPack*)(Vv + (r0 + i) * V + j0), yo;
+        #pragma unroll
+        for (int u = 0; u < XVEC; u++) { yo.v[u] = fromf<floatX>(b * tof(vv.v[u])); }
+        *(XPack*)(y_s + i * lv + j0) = yo;
+    }
+    __pipeline_wait_prior(0);
+    __syncthreads();
+    for (int t = threadIdx.x / 32; t < mc * (mk + mv); t += PW_WARPS) { // tile (i, j): W's columns, then U's
+        int i = t / (mk + mv), j = t % (mk + mv);
+        FragC acc;
+        wmma::fill_fragment(acc, 0.0f);
+        if (j < mk) {
+            mma_steps<FragB>(acc, tx_s + 16 * i * lc, lc, x_s + 16 * j, 16 * lk, lk, mc);
+            frag_store_bf16(W + (r0 + 16 * i) * K + 16 * j, K, acc, 1.0f);
+        } else {
+            mma_steps<FragB>(acc, tx_s + 16 * i * lc, lc, y_s + 16 * (j - mk), 16 * lv, lv, mc);
+            frag_store_bf16(U + (r0 + 16 * i) * V + 16 * (j - mk), V, acc, 1.0f);
+        }
+    }
+}
+// PREP_WY_DEFAULT 0: prep_wy_kernel is written but has not yet run on a GPU. prep_wy_force (the kernel lab's v9): 1 runs
+// it wherever it fits, 2 never.
+#ifndef PREP_WY_DEFAULT
+#define PREP_WY_DEFAULT 0
+#endif
+static int prep_wy_force = 0;
+static bool prep_wy_fits(const ChunkShape& s) {
+    bool want = prep_wy_force == 1 || (prep_wy_force == 0 && PREP_WY_DEFAULT);
+    return want && !mma_bad && s.C % 16 == 0 && s.K % 16 == 0 && s.V % 16 == 0 &&
+           pw_layout(s.C, s.K, s.V, s.gk > 1 ? s.gk : 1).bytes + 1024 <= (size_t)smem_optin;
+}
 #endif
 
 // floatX copy of an fp32 buffer, XVEC elements per thread (16-byte stores), a partial vector at the end
@@ -4705,6 +4793,7 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(bwd_gemms_tc_kernel, optin); // two blocks a multiprocessor: all of its shared memory for them
     allow_dynamic_smem(bwd_chunk_fused_kernel<false>, optin);
     allow_dynamic_smem(bwd_chunk_fused_kernel<true>, optin);
+    allow_dynamic_smem(prep_wy_kernel, optin);
     cudaCheck(cudaFuncSetAttribute((const void*)bwd_gemms_tc_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
 #endif
     allow_dynamic_smem(precond_exact_forward_kernel, optin);
@@ -4736,6 +4825,7 @@ struct MixerPlan {
     bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
     bool gemms_fused;   // the backward's chunk-local products in one tensor-core kernel; else ten batched GEMMs
     bool bwd_fused;     // products, scores and finish in one kernel (bwd_chunk_fused_kernel); else three steps
+    bool prep_wy;       // X, Y made on chip and W, U with Qg, Kd in one kernel (prep_wy_kernel); else chunk_prep + GEMMs
     OutsPlan outs;      // with scan_wmma: the V'/O remake's work items, stage buffers and warps (outs_plan_for)
 };
 // Chunk groups for the tensor-core scans: enough (b, h, 32-column) blocks for two per multiprocessor, with at least 4
@@ -4796,6 +4886,7 @@ static MixerPlan mixer_plan(const ChunkShape& s) {
     p.scores_fused = scores_scalar_fused(s);
     p.scores_tc = scores_use_tc(s);
     p.gemms_fused = bwd_gemms_fused(s);
+    p.prep_wy = prep_wy_fits(s);
 #endif
     p.finish_rows = s.gk <= 1 && s.K == 128 && s.V == 128;
 #ifndef ENABLE_FP32
@@ -4822,13 +4913,14 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
                  ", %d value columns a block; V', O made again by %d columns, %d stage%s, %d warps", p.scan_bv, p.outs.bw,
                  p.outs.ns, p.outs.ns > 1 ? "s" : "", p.outs.nw);
     }
+    const char* wy = p.prep_wy ? "W, U from X, Y on chip (one kernel with Qg, Kd)" : "W, U by batched GEMMs";
     if (p.bwd_fused) {
-        printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward after the scan in one kernel a chunk "
-               "(products, scores, finish)\n", s.K, s.V, pad, s.C, scan, scores);
+        printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; %s; backward after the scan in one kernel a chunk "
+               "(products, scores, finish)\n", s.K, s.V, pad, s.C, scan, scores, wy);
         return;
     }
-    printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; backward products %s; backward finish %s\n", s.K, s.V, pad,
-           s.C, scan, scores, p.gemms_fused ? "in one tensor-core kernel" : "by batched GEMMs",
+    printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; %s; backward products %s; backward finish %s\n", s.K, s.V,
+           pad, s.C, scan, scores, wy, p.gemms_fused ? "in one tensor-core kernel" : "by batched GEMMs",
            p.finish_rows ? "a warp per row" : "a block per chunk");
 }
 
@@ -4893,10 +4985,26 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
 }
 #endif
 
-// W = Tx X, U = Tx Y (chunk_prep's X = diag(beta) K̃-side rows and Y = diag(beta) V, decayed), per chunk
-static void mixer_wy(MixerScratch* sc, const MixerSaved* sv, const ChunkShape& s) {
+// W = Tx X, U = Tx Y (chunk_prep's X = diag(beta) K̃-side rows and Y = diag(beta) V, decayed), per chunk. With the
+// plan's prep_wy one kernel makes X and Y on chip and writes Qg and Kd too (chunk_prep has made only G); else chunk_prep
+// has made X, Y, Qg, Kd and two batched GEMMs make W and U.
+static void mixer_wy(MixerScratch* sc, const MixerSaved* sv, const floatX* Q, const floatX* Kh, const floatX* Kt,
+                     const floatX* Vv, const float* beta, const ChunkShape& s, const MixerPlan& p) {
     int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V;
+#ifndef ENABLE_FP32
+    if (p.prep_wy) {
+        for (const void* x : {(const void*)Q, (const void*)Kh, (const void*)Kt, (const void*)Vv, (const void*)sc->Qg, (const void*)sc->Kd}) {
+            if (!aligned16(x)) { fail(EXIT_SYSTEM, "prep_wy_kernel: unaligned buffers"); }
+        }
+        prep_wy_kernel<<<(unsigned)s.nq, 32 * PW_WARPS, pw_layout(C, K, V, s.gk > 1 ? s.gk : 1).bytes, main_stream>>>(
+            sc->W, sc->U, sc->Qg, sc->Kd, sv->Tx, Q, Kh, Kt, Vv, beta, sv->G, s);
+        cudaCheck(cudaGetLastError());
+        return;
+    }
+#else
+    (void)Q; (void)Kh; (void)Kt; (void)Vv; (void)beta; (void)p;
+#endif
     bgemm(false, false, C, K, C, sv->Tx, C, CC, sc->X, K, CK, sc->W, false, K, CK, (int)s.nq, 1.0f, 0.0f);
     bgemm(false, false, C, V, C, sv->Tx, C, CC, sc->Y, V, CV, sc->U, false, V, CV, (int)s.nq, 1.0f, 0.0f);
 }
@@ -4908,10 +5016,10 @@ static void mixer_wy(MixerScratch* sc, const MixerSaved* sv, const ChunkShape& s
 static void mixer_remake(MixerSaved* sv, MixerScratch* sc, const floatX* Q, const floatX* Kh, const floatX* Kt,
                          const floatX* Vv, const float* beta, const float* g, const ChunkShape& s) {
     PROF("mixer.remake");
-    chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
-    mixer_wy(sc, sv, s);
-#ifndef ENABLE_FP32
     MixerPlan p = mixer_plan(s);
+    if (!p.prep_wy) { chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s); } // else G is kept
+    mixer_wy(sc, sv, Q, Kh, Kt, Vv, beta, s, p);
+#ifndef ENABLE_FP32
     if (p.scan_wmma) { state_outputs_wmma(sv->Vn, sv->O, sv->hstate, sc->W, sc->U, sc->Qg, sv->P, s, p.outs); }
 #endif
 }
@@ -4924,11 +5032,15 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     int C = s.C, K = s.K, V = s.V;
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V, KV = (long)K * V;
     int nq = (int)s.nq;
+    MixerPlan p = mixer_plan(s);
     {
     PROF("mixer.fwd.prep");
-    chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
+    if (!p.prep_wy) {
+        chunk_prep(sv->G, sc->X, sc->Y, sc->Qg, sc->Kd, Q, Kh, Kt, Vv, beta, s.gk ? g : nullptr, s);
+    } else if (s.gk) { // the scores' G alone; X, Y, Qg, Kd come with W and U (mixer_wy)
+        chunk_prep(sv->G, nullptr, nullptr, nullptr, nullptr, Q, Kh, Kt, Vv, beta, g, s);
     }
-    MixerPlan p = mixer_plan(s);
+    }
     bool fused = p.scores_fused; // scores and inverse in one kernel
     {
     PROF("mixer.fwd.scores");
@@ -4959,7 +5071,7 @@ static void delta_chunk_forward(MixerSaved* sv, MixerScratch* sc, const floatX* 
     }
     {
     PROF("mixer.fwd.gemms");
-    mixer_wy(sc, sv, s);
+    mixer_wy(sc, sv, Q, Kh, Kt, Vv, beta, s, p);
     }
     bool o_done = p.scan_wmma; // the tensor-core scan also makes O
     {
@@ -5954,7 +6066,7 @@ static void mixer_scratch_add(Arena& ar, MixerScratch* sc, const ChunkShape& s, 
     if (gemm_scores) { ar.add(&sc->Mraw, nq * CC); ar.add(&sc->Praw, nq * CC); }
     if (!p.scores_fused) { ar.add(&sc->A, nq * CC); }
     if (!p.scan_wmma && sizeof(floatX) != sizeof(float)) { ar.add(&sc->Of, rows * V); }
-    ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V);
+    if (!p.prep_wy) { ar.add(&sc->X, rows * K); ar.add(&sc->Y, rows * V); }
     ar.add(&sc->W, rows * K); ar.add(&sc->U, rows * V); ar.add(&sc->Qg, rows * K); ar.add(&sc->Kd, rows * K);
     if (diag) { precond_scratch_add(ar, &sc->pc, nq, (int)K); }
     if (p.scan_groups > 1) {

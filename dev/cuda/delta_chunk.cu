@@ -56,6 +56,12 @@ Versions (everything else is the trainer's code):
       run the same day on an H100: 168/168 checks PASS (its errors against the reference equal v7's to three
       digits), fwd+bwd at B = 16 T = 2048 pgdn 4.03 -> 3.22 ms, dn 3.14 -> 2.39; at B = 1 T = 16384 pgdn 3.87 ->
       3.61 (v7 -> v8 in one job). The trainer's plan since then (BWD_FUSED_DEFAULT 1).
+  v9  v8 (v7 where v8 does not run: channel decay, K != 128) with the WY form's inputs made on chip
+      (MixerPlan.prep_wy, prep_wy_kernel): X = beta e^G k̂ and Y = beta v stay in shared memory, W = Tx X and
+      U = Tx Y on tensor cores in the same kernel as Qg and Kd, in the forward and in the remake (the chunk prep
+      before the scores makes G alone). W, U sum in another order than cuBLAS's: checked against v2 at 1e-3, and V', O
+      made again against the forward's bit for bit. Written 2026-12-07 without a GPU: the trainer does not take it
+      (PREP_WY_DEFAULT 0) until this version has run here.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
@@ -105,12 +111,12 @@ Exit code: 0 if every check passed, 1 if any failed.
 #define NVERSIONS 1
 static const double TOL = 1e-4;
 #else
-#define NVERSIONS 8
+#define NVERSIONS 9
 static const double TOL = 2e-2;
 #endif
-static const char* VERSION_NAME[9] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
-                                      "v5 16-column scans", "v6 16 col, staged", "v7 v2 + bwd products",
-                                      "v8 v7 + fused bwd"};
+static const char* VERSION_NAME[10] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
+                                       "v5 16-column scans", "v6 16 col, staged", "v7 v2 + bwd products",
+                                       "v8 v7 + fused bwd", "v9 v8 + prep/WY"};
 #ifndef ENABLE_FP32
 static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of 2 chunks, timing the trainer's rule (-1)
 #endif
@@ -139,7 +145,8 @@ static bool select_version(int v, const ChunkShape& s) {
     scan_stages_force = v == 4 || v == 6 ? 2 : 1;
     scan_bv_force = v == 5 || v == 6 ? 16 : 32;
     gemms_force = v >= 7 ? 2 : 1; // v7: v2 with the backward's products in one kernel (MixerPlan.gemms_fused)
-    bwd_fused_force = v == 8 ? 1 : 2; // v8: products, scores, finish in one kernel (MixerPlan.bwd_fused)
+    bwd_fused_force = v >= 8 ? 1 : 2; // v8: products, scores, finish in one kernel (MixerPlan.bwd_fused)
+    prep_wy_force = v == 9 ? 1 : 2;   // v9: v8 (v7 where v8 does not run) with X, Y on chip (MixerPlan.prep_wy)
     MixerPlan p = mixer_plan(s);
     bool w = p.scan_wmma && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
     if (v == 3) { return w && p.scan_groups > 1; }
@@ -148,6 +155,7 @@ static bool select_version(int v, const ChunkShape& s) {
     if (v == 6) { return w && p.scan_groups == 1 && p.scan_bv == 16 && p.scan_stages == 2; }
     if (v == 7) { return w && p.scan_groups == 1 && p.gemms_fused && !p.bwd_fused; }
     if (v == 8) { return w && p.scan_groups == 1 && p.bwd_fused; }
+    if (v == 9) { return w && p.scan_groups == 1 && p.gemms_fused && p.prep_wy; }
     return v == 1 ? !w : (w && p.scan_groups == 1);
 #endif
 }
