@@ -4994,7 +4994,8 @@ static void mixer_wy(MixerScratch* sc, const MixerSaved* sv, const floatX* Q, co
     long CC = (long)C * C, CK = (long)C * K, CV = (long)C * V;
 #ifndef ENABLE_FP32
     if (p.prep_wy) {
-        for (const void* x : {(const void*)Q, (const void*)Kh, (const void*)Kt, (const void*)Vv, (const void*)sc->Qg, (const void*)sc->Kd}) {
+        for (const void* x : {(const void*)Q, (const void*)Kh, (const void*)Kt, (const void*)Vv, (const void*)sc->Qg,
+                              (const void*)sc->Kd, (const void*)sc->W, (const void*)sc->U, (const void*)sv->Tx}) {
             if (!aligned16(x)) { fail(EXIT_SYSTEM, "prep_wy_kernel: unaligned buffers"); }
         }
         prep_wy_kernel<<<(unsigned)s.nq, 32 * PW_WARPS, pw_layout(C, K, V, s.gk > 1 ? s.gk : 1).bytes, main_stream>>>(
