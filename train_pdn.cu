@@ -4654,14 +4654,17 @@ __global__ void __launch_bounds__(32 * PW_WARPS) prep_wy_kernel(floatX* W, float
         }
     }
 }
-// PREP_WY_DEFAULT 0: prep_wy_kernel is written but has not yet run on a GPU. prep_wy_force (the kernel lab's v9): 1 runs
-// it wherever it fits, 2 never.
+// PREP_WY_DEFAULT 1: the plan takes prep_wy_kernel for a scalar or no decay (one H100, 2026-12-07: lab v9 every check
+// PASS, pgdn-340m 16 x 2048 +1.2% end to end). Not with channel decay: there the gates' cumsum (C x K fp32 a chunk)
+// makes one more round trip and the block needs 77 KiB, and kda-340m lost 1.5% (the lab's kda forward at 16 x 2048
+// 1.65 -> 1.85 ms), so the plan keeps chunk_prep + GEMMs. prep_wy_force (the kernel lab's v9): 1 runs it wherever it
+// fits, 2 never.
 #ifndef PREP_WY_DEFAULT
-#define PREP_WY_DEFAULT 0
+#define PREP_WY_DEFAULT 1
 #endif
 static int prep_wy_force = 0;
 static bool prep_wy_fits(const ChunkShape& s) {
-    bool want = prep_wy_force == 1 || (prep_wy_force == 0 && PREP_WY_DEFAULT);
+    bool want = prep_wy_force == 1 || (prep_wy_force == 0 && PREP_WY_DEFAULT && s.gk <= 1);
     return want && !mma_bad && s.C % 16 == 0 && s.K % 16 == 0 && s.V % 16 == 0 &&
            pw_layout(s.C, s.K, s.V, s.gk > 1 ? s.gk : 1).bytes + 1024 <= (size_t)smem_optin;
 }
