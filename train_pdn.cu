@@ -3648,6 +3648,34 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
     }
 }
 
+// The backward's exact diagonal blocks: a thread per channel walks each of its rows (or columns) along the block with
+// e^(G_i - G_j) as the running product of the steps' decays e^(G_t - G_t-1) <= 1, an exp a step and channel instead of
+// one a (i, j, channel), with the chunk's k̃ (or q̂, k̂) in registers instead of a shared load a pair: the exps and
+// loads a pair were ~40% of these kernels (README, the fifth session's profile). The product's rounding (<= 15
+// factors, each within a few ulp) is of the order of the exp of a difference of cumsums it replaces (~1e-6 relative).
+// R threads a channel, each taking the rows i ≡ its part (mod R): 256 / K of them (2 at K = 128; K <= 256).
+__device__ __forceinline__ int sc_diag_parts(int K) { return K < SC_THREADS ? SC_THREADS / K : 1; }
+// dcy[t] = e^(G_f+t - G_f+t-1) for t >= 1, dcy[0] = 1, from the column g (row stride lg) of the block's first row f
+__device__ __forceinline__ void sc_diag_steps(float* dcy, const float* g, int lg) {
+    float prev = g[0];
+    dcy[0] = 1.0f;
+    #pragma unroll
+    for (int t = 1; t < SUB; t++) {
+        float cur = g[t * lg];
+        dcy[t] = __expf(cur - prev);
+        prev = cur;
+    }
+}
+// the entries 0 .. i of a 16-float shared row (16-byte aligned) into registers, four at a time
+template <int N> __device__ __forceinline__ void sc_diag_row(float* d, const float* row, int i) {
+    #pragma unroll
+    for (int t = 0; t < N / 4; t++) {
+        if (4 * t > i) { break; }
+        float4 v = ((const float4*)row)[t];
+        d[4 * t] = v.x; d[4 * t + 1] = v.y; d[4 * t + 2] = v.z; d[4 * t + 3] = v.w;
+    }
+}
+
 // backward, rows side: dq_s_i = Σ_{j<=i} dP_ij k̃_j ⊙ e^(G_i - G_j), dk̂_s_i = Σ_{j<i} dM_ij k̃_j ⊙ e^(G_i - G_j) (dM = beta dA),
 // and dbetaA_i = Σ_j dA_ij Mk_ij. Each warp owns output tiles n = warp, warp + 8 (K <= 256) across the J loop.
 __global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float* dq_s, float* dkh_s, float* dbetaA, const float* dP,
@@ -3721,20 +3749,31 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float*
             wmma::store_matrix_sync(ok + 16 * n, acck[t], lo, wmma::mem_row_major);
         }
         __syncthreads();
-        for_tile(SUB, K, [&](int i, int c) { // the diagonal block, exact, plus the scaled products
-            int ri = f + i;
-            float gi = g_s[ri * lg + c], aq = 0.0f, ak = 0.0f;
-            for (int jj = 0; jj <= i; jj++) {
-                int rj = f + jj;
-                float ex = __expf(gi - g_s[rj * lg + c]) * __bfloat162float(kt_s[rj * lk + c]);
-                aq += dpd[ri * SUB + jj] * ex;
-                ak += dmd[ri * SUB + jj] * ex;
+        // the diagonal block, exact, plus the scaled products: a thread per channel c and rows i ≡ pr (mod R)
+        int R = sc_diag_parts(K), c = threadIdx.x % K, pr = threadIdx.x / K;
+        if (pr < R) {
+            float dcy[SUB], kv[SUB]; // the rows' step decays e^(G_t - G_t-1) (dcy[0] = 1) and k̃ in this channel
+            sc_diag_steps(dcy, g_s + f * lg + c, lg);
+            #pragma unroll
+            for (int t = 0; t < SUB; t++) { kv[t] = __bfloat162float(kt_s[(f + t) * lk + c]); }
+            #pragma unroll
+            for (int i = 0; i < SUB; i++) {
+                if (i % R != pr) { continue; }
+                float pd[SUB], pm[SUB], aq = 0.0f, ak = 0.0f, e = 1.0f;
+                sc_diag_row<SUB>(pd, dpd + (f + i) * SUB, i);
+                sc_diag_row<SUB>(pm, dmd + (f + i) * SUB, i);
+                #pragma unroll
+                for (int j = i; j >= 0; j--) { // e = e^(G_i - G_j), walking j down
+                    float x = e * kv[j];
+                    aq += pd[j] * x;
+                    ak += pm[j] * x;
+                    e *= dcy[j];
+                }
+                long idx = (r0 + f + i) * K + c; // e = e^(G_i - G_f): the products' row scale
+                dq_s[idx] = aq + e * oq[i * lo + c];
+                dkh_s[idx] = ak + e * ok[i * lo + c];
             }
-            float sc = __expf(gi - g_s[f * lg + c]);
-            long idx = (r0 + ri) * K + c;
-            dq_s[idx] = aq + sc * oq[i * lo + c];
-            dkh_s[idx] = ak + sc * ok[i * lo + c];
-        });
+        }
     }
 }
 
@@ -3789,16 +3828,28 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float
             wmma::store_matrix_sync(ot + 16 * n, acc[t], lo, wmma::mem_row_major);
         }
         __syncthreads();
-        for_tile(SUB, K, [&](int j, int c) {
-            int rj = J * SUB + j;
-            float gj = g_s[rj * lg + c], at = 0.0f;
-            for (int rr = j; rr < SUB; rr++) {
-                int ri = J * SUB + rr;
-                float ex = __expf(g_s[ri * lg + c] - gj);
-                at += (dpd[ri * SUB + j] * __bfloat162float(q_s[ri * lk + c]) + dmd[ri * SUB + j] * __bfloat162float(kh_s[ri * lk + c])) * ex;
+        // the diagonal block, exact, plus the scaled products: a thread per channel c and columns j ≡ pr (mod R)
+        int R = sc_diag_parts(K), c = threadIdx.x % K, pr = threadIdx.x / K, f = J * SUB;
+        if (pr < R) {
+            float dcy[SUB], qv[SUB], kv[SUB]; // as in the dq kernel; q̂ and k̂ in this channel
+            sc_diag_steps(dcy, g_s + f * lg + c, lg);
+            #pragma unroll
+            for (int t = 0; t < SUB; t++) {
+                qv[t] = __bfloat162float(q_s[(f + t) * lk + c]);
+                kv[t] = __bfloat162float(kh_s[(f + t) * lk + c]);
             }
-            dkt_s[(r0 + rj) * K + c] = at + __expf(g_s[r * lg + c] - gj) * ot[j * lo + c];
-        });
+            #pragma unroll
+            for (int j = 0; j < SUB; j++) {
+                if (j % R != pr) { continue; }
+                float at = 0.0f, e = 1.0f;
+                #pragma unroll
+                for (int i = j; i < SUB; i++) { // e = e^(G_i - G_j), walking i up
+                    if (i > j) { e *= dcy[i]; }
+                    at += (dpd[(f + i) * SUB + j] * qv[i] + dmd[(f + i) * SUB + j] * kv[i]) * e;
+                }
+                dkt_s[(r0 + f + j) * K + c] = at + e * ot[j * lo + c]; // e = e^(G_r - G_j): the products' scale
+            }
+        }
     }
 }
 #endif
