@@ -3350,8 +3350,8 @@ static __host__ __device__ ScoresSmem scores_tc_smem(int C, int K, int which) {
     z.diag = 2 * scan_align((size_t)C * SUB * 4);              // their diagonal blocks in fp32
     z.sub = scan_align((size_t)SUB * SC_LK(K) * 2);            // one 16-row bf16 operand
     z.out = scan_align((size_t)SUB * SC_LO(K) * 4);            // one 16 x K fp32 product
-    size_t rows = 2 * scan_align((size_t)SUB * C * 4), dcy = scan_align((size_t)SUB * K * 4); // dcy from bh on
-    if (which == 0) { z.total = z.g + z.kt + 2 * z.sub + (z.sub + rows > dcy ? z.sub + rows : dcy); } // forward
+    size_t rows = 2 * scan_align((size_t)SUB * C * 4), dcy = scan_align((size_t)SUB * K * 4);
+    if (which == 0) { z.total = z.g + z.kt + 3 * z.sub + (rows > dcy ? rows : dcy); }          // forward
     else if (which == 1) { z.total = z.g + z.kt + z.dpx + z.diag + z.sub + 2 * z.out; }          // dq, dk̂
     else { z.total = z.g + z.qk + z.dpx + z.diag + 2 * z.sub + z.out; }                          // dk̃
     return z;
@@ -3436,7 +3436,7 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk
     __nv_bfloat16* bh = (__nv_bfloat16*)p;   p += z.sub;   // k̃_J ⊙ e^(G_f - G_J)
     float* oM = (float*)p;                   p += scan_align((size_t)SUB * C * 4); // rows of I: Mk
     float* oP = (float*)p;                                                          // rows of I: P
-    float* dcy = (float*)bh; // (SUB, K) over bh, oM, oP until the diagonal is summed: the steps' decays e^(G_t - G_t-1)
+    float* dcy = oM; // (SUB, K) over oM, oP until the diagonal is summed: the steps' decays e^(G_t - G_t-1) of I's rows
     long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
     const signed char* dc = chunk_docs(s, q);
     sc_stage_g(g_s, G, r0, C, K);
