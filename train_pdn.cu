@@ -3350,8 +3350,7 @@ static __host__ __device__ ScoresSmem scores_tc_smem(int C, int K, int which) {
     z.diag = 2 * scan_align((size_t)C * SUB * 4);              // their diagonal blocks in fp32
     z.sub = scan_align((size_t)SUB * SC_LK(K) * 2);            // one 16-row bf16 operand
     z.out = scan_align((size_t)SUB * SC_LO(K) * 4);            // one 16 x K fp32 product
-    size_t rows = 2 * scan_align((size_t)SUB * C * 4), dcy = scan_align((size_t)SUB * K * 4);
-    if (which == 0) { z.total = z.g + z.kt + 3 * z.sub + (rows > dcy ? rows : dcy); }          // forward
+    if (which == 0) { z.total = z.g + z.kt + 3 * z.sub + 2 * scan_align((size_t)SUB * C * 4); }   // forward
     else if (which == 1) { z.total = z.g + z.kt + z.dpx + z.diag + z.sub + 2 * z.out; }          // dq, dk̂
     else { z.total = z.g + z.qk + z.dpx + z.diag + 2 * z.sub + z.out; }                          // dk̃
     return z;
@@ -3412,17 +3411,6 @@ __device__ __forceinline__ void sc_stage_dpdm(__nv_bfloat16* dpx, __nv_bfloat16*
     }
 }
 
-// one halving step of a reduction over the 16 lanes of a row group: a lane holds 2W sums, keeps W of them (the upper
-// ones where lane bit W/2 is set) and adds its partner's (lane ^ W/2) same W; *base counts the kept ones' offset
-template <int W> __device__ __forceinline__ void sc_halve(float* v, int u, int* base) {
-    bool up = u & (W / 2);
-    #pragma unroll
-    for (int k = 0; k < W; k++) {
-        float send = up ? v[k] : v[k + W], keep = up ? v[k + W] : v[k];
-        v[k] = keep + __shfl_xor_sync(0xffffffff, send, W / 2);
-    }
-    *base += up ? W : 0;
-}
 __global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk, float* A, floatX* P, const floatX* Q, const floatX* Kh,
                                                                const floatX* Kt, const float* G, const float* beta, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -3436,53 +3424,45 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_tc_kernel(float* Mk
     __nv_bfloat16* bh = (__nv_bfloat16*)p;   p += z.sub;   // k̃_J ⊙ e^(G_f - G_J)
     float* oM = (float*)p;                   p += scan_align((size_t)SUB * C * 4); // rows of I: Mk
     float* oP = (float*)p;                                                          // rows of I: P
-    float* dcy = oM; // (SUB, K) over oM, oP until the diagonal is summed: the steps' decays e^(G_t - G_t-1) of I's rows
     long q = blockIdx.x, r0 = q * C, o0 = q * C * C;
     const signed char* dc = chunk_docs(s, q);
     sc_stage_g(g_s, G, r0, C, K);
     sc_stage_x(kt_s, Kt, r0, C, K);
-    static_assert(SC_THREADS == SUB * SUB, "the diagonal: a thread per (row, 16th of the channels)");
     for (int I = 0; I < nb; I++) {
         int f = I * SUB;
         __syncthreads(); // the previous I's rows are written out; qI, kI, oM, oP are free
         sc_stage_x(qI, Q, r0 + f, SUB, K);
         sc_stage_x(kI, Kh, r0 + f, SUB, K);
-        for_tile(SUB - 1, K, [&](int t, int c) { dcy[(t + 1) * K + c] = __expf(g_s[(f + t + 1) * lg + c] - g_s[(f + t) * lg + c]); });
+        for (int e = threadIdx.x; e < SUB * C; e += blockDim.x) {
+            if (e % C >= f + SUB) { oM[e] = 0.0f; oP[e] = 0.0f; } // above the diagonal
+        }
         __syncthreads();
-        // the diagonal block, exact: thread (i, u) sums row i's 16 pairs over the channels u, u + 16, ... with
-        // e^(G_i - G_j) the running product of the steps' decays (<= 1) as j walks down from i: an exp a step and
-        // channel instead of one a pair and channel, two shared loads a term instead of five (the exps and loads were
-        // ~40% of this kernel). Then the 16 lanes of a row reduce their 32 sums to two each (halving exchanges).
-        int i = threadIdx.x / SUB, u = threadIdx.x % SUB, base = 0;
-        float v[2 * SUB]; // Mk's row i (j = 0 .. 15), then P's
-        #pragma unroll
-        for (int j = 0; j < 2 * SUB; j++) { v[j] = 0.0f; }
-        for (int c = u; c < K; c += SUB) {
-            float kq = __bfloat162float(kI[i * lk + c]), qq = __bfloat162float(qI[i * lk + c]), e = 1.0f;
-            #pragma unroll
-            for (int j = SUB - 1; j >= 0; j--) { // e = e^(G_i - G_j)
-                if (j > i) { continue; }
-                if (j < i) { e *= dcy[(j + 1) * K + c]; }
-                float x = e * __bfloat162float(kt_s[(f + j) * lk + c]);
-                v[j] += kq * x;
-                v[SUB + j] += qq * x;
+        // the diagonal block, exact: the SUB (SUB + 1) / 2 pairs j <= i on as many consecutive threads (the lanes of
+        // a thread per (i, j) above the diagonal idled through the channel loop: 40% of this kernel's issue time,
+        // Nsight Compute, H200, 2026-12-03); the threads after them write the zeros above the diagonal
+        static_assert(SUB * (SUB + 1) / 2 < SC_THREADS, "the diagonal's pairs, then the zeros above it");
+        int np = SUB * (SUB + 1) / 2, t = threadIdx.x;
+        if (t < np) {
+            int2 ij = tri_pair(t);
+            int i = ij.x, j = ij.y;
+            float m = 0.0f, pp = 0.0f;
+            const float* gi = g_s + (f + i) * lg;
+            const float* gj = g_s + (f + j) * lg;
+            for (int c = 0; c < K; c++) {
+                float ex = __expf(gi[c] - gj[c]) * __bfloat162float(kt_s[(f + j) * lk + c]);
+                m += __bfloat162float(kI[i * lk + c]) * ex;
+                pp += __bfloat162float(qI[i * lk + c]) * ex;
+            }
+            oM[i * C + f + j] = j < i ? m : 0.0f;
+            oP[i * C + f + j] = pp;
+        } else {
+            for (int e = t - np; e < SUB * SUB; e += blockDim.x - np) {
+                int i = e / SUB, j = e % SUB;
+                if (j > i) { oM[i * C + f + j] = 0.0f; oP[i * C + f + j] = 0.0f; }
             }
         }
-        sc_halve<SUB>(v, u, &base);
-        sc_halve<SUB / 2>(v, u, &base);
-        sc_halve<SUB / 4>(v, u, &base);
-        sc_halve<SUB / 8>(v, u, &base);
-        __syncthreads(); // dcy and the unscaled rows are read: oM, oP take the diagonal and the zeros above it
-        for (int e = threadIdx.x; e < SUB * C; e += blockDim.x) {
-            if (e % C >= f + SUB) { oM[e] = 0.0f; oP[e] = 0.0f; }
-        }
-        #pragma unroll
-        for (int k = 0; k < 2; k++) { // sums base, base + 1 of row i: (Mk or P, j)
-            int j = (base + k) % SUB;
-            if (base + k < SUB) { oM[i * C + f + j] = j < i ? v[k] : 0.0f; }
-            else { oP[i * C + f + j] = j <= i ? v[k] : 0.0f; }
-        }
         if (I > 0) {
+        __syncthreads(); // the diagonal is done with the unscaled rows
         for_tile(SUB, K, [&](int i, int c) {
             float ex = __expf(g_s[(f + i) * lg + c] - g_s[f * lg + c]);
             qI[i * lk + c] = __float2bfloat16(__bfloat162float(qI[i * lk + c]) * ex);
