@@ -3326,7 +3326,8 @@ static bool scan_uses_wmma(const ChunkShape& s) {
 //     k̃_J ⊙ e^(G_f - G_J), and the row scale e^(G_i - G_f) after the product;
 //   columns side (dk̃): anchor r = the last token of J: q̂_I ⊙ e^(G_I - G_r), k̂_I ⊙ e^(G_I - G_r), and the scale
 //     e^(G_r - G_j) after the product (summed over I > J in the same accumulators: the scale depends on J only).
-// The diagonal 16 x 16 blocks keep one exp per (i, j, channel) in fp32. Row strides are padded (bank conflicts);
+// The diagonal 16 x 16 blocks are exact in fp32: one exp per (i, j, channel) in the forward, the running products of
+// the steps' decays in the backward (sc_diag_steps). Row strides are padded (bank conflicts);
 // the three kernels fit two or three blocks per multiprocessor at K = 128.
 // the lower-triangle pair (i, j), i >= j, with row-major index u = i (i + 1) / 2 + j (the tiles I >= J)
 __device__ __forceinline__ int2 tri_pair(int u) {
@@ -3651,8 +3652,11 @@ __global__ void __launch_bounds__(256) bwd_scores_scalar_tc_kernel(float* dq_s, 
 // The backward's exact diagonal blocks: a thread per channel walks each of its rows (or columns) along the block with
 // e^(G_i - G_j) as the running product of the steps' decays e^(G_t - G_t-1) <= 1, an exp a step and channel instead of
 // one a (i, j, channel), with the chunk's k̃ (or q̂, k̂) in registers instead of a shared load a pair: the exps and
-// loads a pair were ~40% of these kernels (README, the fifth session's profile). The product's rounding (<= 15
-// factors, each within a few ulp) is of the order of the exp of a difference of cumsums it replaces (~1e-6 relative).
+// loads a pair were ~40% of these kernels (README, the fifth session's profile); H100, 2026-12-07: kda-340m +2.0%,
+// pkda +1.9% end to end. The product's rounding (<= 15 factors, each within a few ulp) is of the order of the exp of
+// a difference of cumsums it replaces (~1e-6 relative). The forward's sums over the channels stay a thread per pair:
+// a thread per (row, channels) with running products and a reduction over the row's lanes made it 7.5% slower
+// (results/kdadiag_2026-12-07_h100).
 // R threads a channel, each taking the rows i ≡ its part (mod R): 256 / K of them (2 at K = 128; K <= 256).
 __device__ __forceinline__ int sc_diag_parts(int K) { return K < SC_THREADS ? SC_THREADS / K : 1; }
 // dcy[t] = e^(G_f+t - G_f+t-1) for t >= 1, dcy[0] = 1, from the column g (row stride lg) of the block's first row f
