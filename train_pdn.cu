@@ -2622,6 +2622,44 @@ __global__ void state_backward_kernel(floatX* dhstate, floatX* dVn, const float*
     }
 }
 
+// hsum[a] = Σ_v dS_av S_av, the row sums of chunk q's start state S and its gradient dS (K x V floatX, VEC-wide
+// accesses): the last row's term e^G_n ⊙ hsum of dg (bwd_finish_kernel, and the channel-decay scores kernels' finish).
+// A warp per state row, VEC columns per lane; a warp takes FIN_ROWS rows at a time, their loads all in flight before
+// the first reduction: one row after another, each waiting for its own loads, the warps' 16 rows were a chain of 16
+// global-memory latencies at the end of every block (Nsight Compute: long-scoreboard stalls, 12.6 cycles per issued
+// instruction, kda-340m, H200, 2026-12-03). The block's threads all call it; hsum is complete after a __syncthreads.
+template <int VEC>
+__device__ void state_row_sums(float* hsum, const floatX* __restrict__ hstate, const floatX* __restrict__ dhstate, long q,
+                               int K, int V) {
+    struct alignas(VEC * sizeof(floatX)) X4 { floatX v[VEC]; };
+    const int FIN_ROWS = 8;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (int a0 = warp; a0 < K; a0 += nw * FIN_ROWS) {
+        float sum[FIN_ROWS];
+        #pragma unroll
+        for (int t = 0; t < FIN_ROWS; t++) { sum[t] = 0.0f; }
+        for (int c = lane * VEC; c < V; c += 32 * VEC) { // one pass at V = 128
+            X4 h[FIN_ROWS], dh[FIN_ROWS];
+            #pragma unroll
+            for (int t = 0; t < FIN_ROWS; t++) {
+                long o = (q * K + min(a0 + t * nw, K - 1)) * V + c; // rows past K: a valid row, not summed
+                h[t] = *(const X4*)(hstate + o);
+                dh[t] = *(const X4*)(dhstate + o);
+            }
+            #pragma unroll
+            for (int t = 0; t < FIN_ROWS; t++) {
+                #pragma unroll
+                for (int u = 0; u < VEC; u++) { sum[t] += tof(dh[t].v[u]) * tof(h[t].v[u]); }
+            }
+        }
+        #pragma unroll
+        for (int t = 0; t < FIN_ROWS; t++) { // a0 + t nw is the same for the whole warp: every lane shuffles
+            float r = warp_sum(sum[t]);
+            if (lane == 0 && a0 + t * nw < K) { hsum[a0 + t * nw] = r; }
+        }
+    }
+}
+
 // the V'/O remake's work items, stage buffers and warps (state_outputs_wmma_kernel; none in the fp32 build)
 struct OutsPlan { int bw, ns, nw; };
 #ifndef ENABLE_FP32
@@ -3352,7 +3390,7 @@ static __host__ __device__ ScoresSmem scores_tc_smem(int C, int K, int which) {
     z.sub = scan_align((size_t)SUB * SC_LK(K) * 2);            // one 16-row bf16 operand
     z.out = scan_align((size_t)SUB * SC_LO(K) * 4);            // one 16 x K fp32 product
     if (which == 0) { z.total = z.g + z.kt + 3 * z.sub + 2 * scan_align((size_t)SUB * C * 4); }   // forward
-    else if (which == 1) { z.total = z.g + z.kt + z.dpx + z.diag + z.sub + 2 * z.out; }          // dq, dk̂
+    else if (which == 1) { z.total = z.g + z.kt + z.dpx + z.diag + z.sub + 2 * z.out + scan_align((size_t)2 * C * 4); } // dq, dk̂
     else { z.total = z.g + z.qk + z.dpx + z.diag + 2 * z.sub + z.out; }                          // dk̃
     return z;
 }
@@ -3682,11 +3720,18 @@ template <int N> __device__ __forceinline__ void sc_diag_row(float* d, const flo
 
 // backward, rows side: dq_s_i = Σ_{j<=i} dP_ij k̃_j ⊙ e^(G_i - G_j), dk̂_s_i = Σ_{j<i} dM_ij k̃_j ⊙ e^(G_i - G_j) (dM = beta dA),
 // and dbetaA_i = Σ_j dA_ij Mk_ij. Each warp owns output tiles n = warp, warp + 8 (K <= 256) across the J loop.
-__global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float* dq_s, float* dkh_s, float* dbetaA, const float* dP,
-                                                                  const float* dA, const float* Mk, const floatX* Kt,
-                                                                  const float* G, const float* beta, ChunkShape s) {
+// FIN (MixerPlan.scores_fin): also the finish's rows side (bwd_finish_kernel's formulas), so that dq_s, dk̂_s and
+// dbetaA never reach device memory: dq_s, dkh_s, dbetaA then receive dq = dQg ⊙ e^G + dq_s, dk̂ = beta dX ⊙ e^G +
+// dk̂_s (without dk̃: the columns side adds it where k̃ = k̂) and dbeta = Σ_c dX ⊙ k̂ e^G + Σ_v dY ⊙ v + dbetaA; gc the
+// rows' part of dG, q̂ ⊙ dq + k̂ ⊙ dk̂, for the columns side; dv = beta dY. Without FIN those pointers are unused.
+template <bool FIN>
+__global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float* dq_s, float* dkh_s, float* dbetaA, float* gc, float* dv,
+                                                                  const float* dP, const float* dA, const float* Mk, const floatX* Kt,
+                                                                  const float* G, const float* beta, const float* dQg,
+                                                                  const float* dX, const float* dY, const floatX* Q,
+                                                                  const floatX* Kh, const floatX* Vv, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    int C = s.C, K = s.K, nb = C / SUB, lg = SC_LG(K), lk = SC_LK(K), lc = SC_LC(C), lo = SC_LO(K), nt = K / 16;
+    int C = s.C, K = s.K, V = s.V, nb = C / SUB, lg = SC_LG(K), lk = SC_LK(K), lc = SC_LC(C), lo = SC_LO(K), nt = K / 16;
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     ScoresSmem z = scores_tc_smem(C, K, 1);
     unsigned char* p = smem_raw;
@@ -3698,11 +3743,15 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float*
     float* dmd = (float*)p;                  p += z.diag / 2;
     __nv_bfloat16* bh = (__nv_bfloat16*)p;   p += z.sub;
     float* oq = (float*)p;                   p += z.out;
-    float* ok = (float*)p;
+    float* ok = (float*)p;                   p += z.out;
+    float* dba = (float*)p;                  // FIN: C rows of dbetaA, then C rows of Σ_v dY ⊙ v
+    float* dyv = dba + C;
+    float* rp = (float*)bh;                  // FIN: the rows' partial sums of dbeta, SUB x K / 4 (bh is free then)
     long q = blockIdx.x, r0 = q * C;
+    const signed char* dc = chunk_docs(s, q);
     sc_stage_g(g_s, G, r0, C, K);
     sc_stage_x(kt_s, Kt, r0, C, K);
-    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, chunk_docs(s, q), q, r0, C);
+    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, dc, q, r0, C);
     for (int i0 = warp; i0 < C; i0 += 8 * SC_BATCH) { // dbetaA, a warp per row, SC_BATCH rows' loads in flight
         float da[SC_BATCH][2], mk[SC_BATCH][2];
         static_assert(GPU_CHUNK_MAX <= 64, "dbetaA's rows are read as two 32-column halves");
@@ -3724,7 +3773,39 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float*
             #pragma unroll
             for (int h = 0; h < 2; h++) { if (lane + 32 * h < i) { db += da[t][h] * mk[t][h]; } }
             db = warp_sum(db);
-            if (lane == 0 && i < C) { dbetaA[r0 + i] = db; }
+            if (lane == 0 && i < C) {
+                if (FIN) { dba[i] = db; } else { dbetaA[r0 + i] = db; }
+            }
+        }
+    }
+    if (FIN) { // dv = beta dY and Σ_v dY ⊙ v, a warp per row, four columns a lane, SC_BATCH rows' loads in flight
+        for (int i0 = warp; i0 < C; i0 += 8 * SC_BATCH) {
+            float acc[SC_BATCH];
+            #pragma unroll
+            for (int t = 0; t < SC_BATCH; t++) { acc[t] = 0.0f; }
+            for (int v = 4 * lane; v < V; v += 128) { // one pass at V = 128
+                float4 y[SC_BATCH];
+                XV<4> x[SC_BATCH];
+                #pragma unroll
+                for (int t = 0; t < SC_BATCH; t++) {
+                    long o = (r0 + min(i0 + 8 * t, C - 1)) * V + v; // rows past C: a valid row, not used
+                    y[t] = *(const float4*)(dY + o);
+                    x[t] = *(const XV<4>*)(Vv + o);
+                }
+                #pragma unroll
+                for (int t = 0; t < SC_BATCH; t++) {
+                    int i = i0 + 8 * t;
+                    if (i >= C) { break; }
+                    float b = beta[r0 + i];
+                    *(float4*)(dv + (r0 + i) * V + v) = make_float4(b * y[t].x, b * y[t].y, b * y[t].z, b * y[t].w);
+                    acc[t] += y[t].x * tof(x[t].v[0]) + y[t].y * tof(x[t].v[1]) + y[t].z * tof(x[t].v[2]) + y[t].w * tof(x[t].v[3]);
+                }
+            }
+            #pragma unroll
+            for (int t = 0; t < SC_BATCH; t++) { // i0 + 8 t is the same for the whole warp: every lane shuffles
+                float r = warp_sum(acc[t]);
+                if (lane == 0 && i0 + 8 * t < C) { dyv[i0 + 8 * t] = r; }
+            }
         }
     }
     for (int I = 0; I < nb; I++) {
@@ -3745,7 +3826,7 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float*
                 mma_steps<FragB>(acck[t], dmx + f * lc + J * SUB, lc, bh + 16 * n, 0, lk, 1);
             }
         }
-        __syncthreads(); // oq, ok are free; the staging is complete (I = 0)
+        __syncthreads(); // oq, ok (and with FIN rp = bh) are free; the staging is complete (I = 0)
         for (int t = 0; t < 2; t++) {
             int n = warp + 8 * t;
             if (n >= nt) { break; }
@@ -3773,20 +3854,68 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dq_tc_kernel(float*
                     ak += pm[j] * x;
                     e *= dcy[j];
                 }
-                long idx = (r0 + f + i) * K + c; // e = e^(G_i - G_f): the products' row scale
-                dq_s[idx] = aq + e * oq[i * lo + c];
-                dkh_s[idx] = ak + e * ok[i * lo + c];
+                // e = e^(G_i - G_f): the products' row scale. FIN: the sums stay in place for the finish below
+                if (FIN) {
+                    oq[i * lo + c] = aq + e * oq[i * lo + c];
+                    ok[i * lo + c] = ak + e * ok[i * lo + c];
+                } else {
+                    long idx = (r0 + f + i) * K + c;
+                    dq_s[idx] = aq + e * oq[i * lo + c];
+                    dkh_s[idx] = ak + e * ok[i * lo + c];
+                }
+            }
+        }
+        if (FIN) { // the finish's rows side for the SUB rows, four channels a thread, then dbeta a warp per row
+            __syncthreads();
+            int k4 = K / 4;
+            for (int e = threadIdx.x; e < SUB * k4; e += blockDim.x) {
+                int i = e / k4, c0 = 4 * (e % k4), row = f + i;
+                long idx = (r0 + row) * K + c0;
+                float b = beta[r0 + row], bsum = 0.0f;
+                bool sees = !dc || dc[row] < 0; // documents: the forward's mask on e^G (S's rows)
+                float4 vq = *(const float4*)(dQg + idx), vx = *(const float4*)(dX + idx);
+                XV<4> xq = *(const XV<4>*)(Q + idx), xk = *(const XV<4>*)(Kh + idx);
+                float gq[4] = {vq.x, vq.y, vq.z, vq.w}, gx[4] = {vx.x, vx.y, vx.z, vx.w}, oqv[4], okv[4], ogc[4];
+                #pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float eg = sees ? expf(g_s[row * lg + c0 + u]) : 0.0f;
+                    float qv = tof(xq.v[u]), khv = tof(xk.v[u]);
+                    float dqv = gq[u] * eg + oq[i * lo + c0 + u];
+                    float dkhv = b * gx[u] * eg + ok[i * lo + c0 + u];
+                    oqv[u] = dqv;
+                    okv[u] = dkhv;
+                    ogc[u] = qv * dqv + khv * dkhv;
+                    bsum += gx[u] * khv * eg; // dbeta: Σ_c dX ⊙ k̂ e^G
+                }
+                *(float4*)(dq_s + idx) = make_float4(oqv[0], oqv[1], oqv[2], oqv[3]);
+                *(float4*)(dkh_s + idx) = make_float4(okv[0], okv[1], okv[2], okv[3]);
+                *(float4*)(gc + idx) = make_float4(ogc[0], ogc[1], ogc[2], ogc[3]);
+                rp[e] = bsum;
+            }
+            __syncthreads();
+            for (int i = warp; i < SUB; i += SC_THREADS / 32) {
+                float t = 0.0f;
+                for (int k = lane; k < k4; k += 32) { t += rp[i * k4 + k]; }
+                t = warp_sum(t);
+                if (lane == 0) { dbetaA[r0 + f + i] = t + dyv[f + i] + dba[f + i]; }
             }
         }
     }
 }
 
 // backward, columns side: dk̃_s_j = Σ_{i>=j} (dP_ij q̂_i + dM_ij k̂_i) ⊙ e^(G_i - G_j)
-__global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float* dkt_s, const float* dP, const float* dA, const floatX* Q,
-                                                                   const floatX* Kh, const float* G, const float* beta,
-                                                                   ChunkShape s) {
+// FIN (MixerPlan.scores_fin): also the rest of the finish, after the rows side's kernel (gc, dkh from it): dk̃ = dk̃_s +
+// dKd ⊙ exp(G_n - G) into dkt_s (or, fold_kt, added to dkh), and dg = the reverse cumsum over the chunk of
+// dG = gc - k̃ ⊙ dk̃, from the last row's term Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) + e^G_n ⊙ Σ_v dS ⊙ S. The column blocks
+// run from the last to the first, so the cumsum walks down with them.
+template <bool FIN>
+__global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float* dkt_s, float* dkh, float* dg, const float* dP,
+                                                                   const float* dA, const floatX* Q, const floatX* Kh,
+                                                                   const float* G, const float* beta, const float* gc,
+                                                                   const float* dKd, const floatX* Kt, const floatX* hstate,
+                                                                   const floatX* dhstate, int fold_kt, ChunkShape s) {
     extern __shared__ __align__(128) unsigned char smem_raw[];
-    int C = s.C, K = s.K, nb = C / SUB, lg = SC_LG(K), lk = SC_LK(K), lc = SC_LC(C), lo = SC_LO(K), nt = K / 16;
+    int C = s.C, K = s.K, nb = C / SUB, lg = SC_LG(K), lk = SC_LK(K), lc = SC_LC(C), lo = SC_LO(K), nt = K / 16, n1 = C - 1;
     int warp = threadIdx.x / 32;
     ScoresSmem z = scores_tc_smem(C, K, 2);
     unsigned char* p = smem_raw;
@@ -3801,11 +3930,38 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float
     __nv_bfloat16* khh = (__nv_bfloat16*)p;  p += z.sub;
     float* ot = (float*)p;
     long q = blockIdx.x, r0 = q * C;
+    const signed char* dc = chunk_docs(s, q);
     sc_stage_g(g_s, G, r0, C, K);
     sc_stage_x(q_s, Q, r0, C, K);
     sc_stage_x(kh_s, Kh, r0, C, K);
-    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, chunk_docs(s, q), q, r0, C);
-    for (int J = 0; J < nb; J++) {
+    sc_stage_dpdm(dpx, dmx, dpd, dmd, dP, dA, beta, dc, q, r0, C);
+    float dgacc = 0.0f; // FIN, threads c < K: dg of channel c at the row below the current one
+    if (FIN) { // the last row's term per channel, before the column blocks (qh, ot are free until the first of them)
+        float* ex = ot;         // R x K: the parts of Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j), rows j ≡ part (mod R)
+        float* hs = (float*)qh; // K: Σ_v dS ⊙ S
+        __syncthreads(); // g_s
+        int R = sc_diag_parts(K), c = threadIdx.x % K, pr = threadIdx.x / K;
+        if (pr < R) {
+            float kx = 0.0f, gn = g_s[n1 * lg + c];
+            #pragma unroll 8
+            for (int j = pr; j < C; j += R) {
+                long idx = (r0 + j) * K + c;
+                bool last = !dc || dc[j] == dc[n1]; // documents: the forward's mask on exp(G_n - G) (Kd's rows)
+                float ed = last ? expf(gn - g_s[j * lg + c]) : 0.0f;
+                kx += tof(Kt[idx]) * (dKd[idx] * ed);
+            }
+            ex[pr * K + c] = kx;
+        }
+        state_row_sums<4>(hs, hstate, dhstate, q, K, s.V);
+        __syncthreads();
+        if (threadIdx.x < K) {
+            bool cut = dc && dc[n1] >= 0; // documents: S reached the next chunk only without a boundary in this one
+            float kx = 0.0f;
+            for (int t = 0; t < R; t++) { kx += ex[t * K + threadIdx.x]; }
+            dgacc = kx + (cut ? 0.0f : expf(g_s[n1 * lg + threadIdx.x])) * hs[threadIdx.x];
+        }
+    }
+    for (int J = nb - 1; J >= 0; J--) {
         int r = J * SUB + SUB - 1;
         FragC acc[2];
         for (int t = 0; t < 2; t++) { wmma::fill_fragment(acc[t], 0.0f); }
@@ -3851,7 +4007,37 @@ __global__ void __launch_bounds__(SC_THREADS) scores_channel_dkt_tc_kernel(float
                     if (i > j) { e *= dcy[i]; }
                     at += (dpd[(f + i) * SUB + j] * qv[i] + dmd[(f + i) * SUB + j] * kv[i]) * e;
                 }
-                dkt_s[(r0 + f + j) * K + c] = at + e * ot[j * lo + c]; // e = e^(G_r - G_j): the products' scale
+                // e = e^(G_r - G_j): the products' scale. FIN: the sum stays in place for the finish below
+                if (FIN) { ot[j * lo + c] = at + e * ot[j * lo + c]; } else { dkt_s[(r0 + f + j) * K + c] = at + e * ot[j * lo + c]; }
+            }
+        }
+        if (FIN) { // dk̃ and dG for the block's SUB rows, four channels a thread, then dg a thread per channel
+            __syncthreads();
+            int k4 = K / 4;
+            for (int e = threadIdx.x; e < SUB * k4; e += blockDim.x) {
+                int j = e / k4, c0 = 4 * (e % k4), row = f + j;
+                long idx = (r0 + row) * K + c0;
+                bool last = !dc || dc[row] == dc[n1];
+                float4 vkd = *(const float4*)(dKd + idx), vg = *(const float4*)(gc + idx);
+                XV<4> xkt = *(const XV<4>*)(Kt + idx);
+                float gkd[4] = {vkd.x, vkd.y, vkd.z, vkd.w}, ggc[4] = {vg.x, vg.y, vg.z, vg.w}, okt[4];
+                #pragma unroll
+                for (int u = 0; u < 4; u++) {
+                    float ed = last ? expf(g_s[n1 * lg + c0 + u] - g_s[row * lg + c0 + u]) : 0.0f;
+                    float dktv = ot[j * lo + c0 + u] + gkd[u] * ed;
+                    okt[u] = dktv;
+                    ot[j * lo + c0 + u] = ggc[u] - tof(xkt.v[u]) * dktv; // dG, in place of dk̃_s (this thread's)
+                }
+                if (fold_kt) {
+                    float4 h = *(const float4*)(dkh + idx);
+                    *(float4*)(dkh + idx) = make_float4(h.x + okt[0], h.y + okt[1], h.z + okt[2], h.w + okt[3]);
+                } else {
+                    *(float4*)(dkt_s + idx) = make_float4(okt[0], okt[1], okt[2], okt[3]);
+                }
+            }
+            __syncthreads();
+            if (threadIdx.x < K) {
+                for (int j = SUB - 1; j >= 0; j--) { dgacc += ot[j * lo + threadIdx.x]; dg[(r0 + f + j) * K + threadIdx.x] = dgacc; }
             }
         }
     }
@@ -4192,36 +4378,9 @@ __global__ void bwd_finish_kernel(float* __restrict__ dq, float* __restrict__ dk
         if (lane == 0) { dbeta[r0 + i] = sacc + dbetaA[r0 + i]; }
     }
     if (!s.gk) { return; }
-    // the last row's extra terms, per channel: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) and e^G_n ⊙ Σ_v dS ⊙ S (a warp per
-    // state row, VEC columns per lane). A warp takes FIN_ROWS rows at a time, their loads all in flight before the
-    // first reduction: one row after another, each waiting for its own loads, the warps' 16 rows were a chain of 16
-    // global-memory latencies at the end of every block (Nsight Compute: long-scoreboard stalls, 12.6 cycles per
-    // issued instruction, kda-340m, H200, 2026-12-03).
-    const int FIN_ROWS = 8;
-    for (int a0 = warp; a0 < K; a0 += nw * FIN_ROWS) {
-        float sum[FIN_ROWS];
-        #pragma unroll
-        for (int t = 0; t < FIN_ROWS; t++) { sum[t] = 0.0f; }
-        for (int c = lane * VEC; c < V; c += 32 * VEC) { // one pass at V = 128
-            X4 h[FIN_ROWS], dh[FIN_ROWS];
-            #pragma unroll
-            for (int t = 0; t < FIN_ROWS; t++) {
-                long o = (q * K + min(a0 + t * nw, K - 1)) * V + c; // rows past K: a valid row, not summed
-                h[t] = *(const X4*)(hstate + o);
-                dh[t] = *(const X4*)(dhstate + o);
-            }
-            #pragma unroll
-            for (int t = 0; t < FIN_ROWS; t++) {
-                #pragma unroll
-                for (int u = 0; u < VEC; u++) { sum[t] += tof(dh[t].v[u]) * tof(h[t].v[u]); }
-            }
-        }
-        #pragma unroll
-        for (int t = 0; t < FIN_ROWS; t++) { // a0 + t nw is the same for the whole warp: every lane shuffles
-            float r = warp_sum(sum[t]);
-            if (lane == 0 && a0 + t * nw < K) { hsum[a0 + t * nw] = r; }
-        }
-    }
+    // the last row's extra terms, per channel: Σ_j k̃_j ⊙ dKd_j exp(G_n - G_j) (Kx's column sums, below) and
+    // e^G_n ⊙ Σ_v dS ⊙ S
+    state_row_sums<VEC>(hsum, hstate, dhstate, q, K, V);
     __syncthreads();
     bool cut = dc && dc[n1] >= 0; // documents: S reached the next chunk only without a boundary in this one
     for (int a = threadIdx.x; a < K; a += blockDim.x) {
@@ -4831,8 +4990,10 @@ static void mixer_kernel_setup(void) {
 #ifndef ENABLE_FP32
     mma_selftest();
     allow_dynamic_smem(scores_channel_tc_kernel, optin);
-    allow_dynamic_smem(scores_channel_dq_tc_kernel, optin);
-    allow_dynamic_smem(scores_channel_dkt_tc_kernel, optin);
+    allow_dynamic_smem(scores_channel_dq_tc_kernel<false>, optin);
+    allow_dynamic_smem(scores_channel_dq_tc_kernel<true>, optin);
+    allow_dynamic_smem(scores_channel_dkt_tc_kernel<false>, optin);
+    allow_dynamic_smem(scores_channel_dkt_tc_kernel<true>, optin);
     allow_dynamic_smem(scores_scalar_tc_kernel<false>, optin);
     allow_dynamic_smem(scores_scalar_tc_kernel<true>, optin);
     allow_dynamic_smem(bwd_scores_scalar_tc_kernel<false>, optin);
@@ -4865,6 +5026,17 @@ static bool scores_use_tc(const ChunkShape& s) {
     for (int w = 0; w < 3; w++) { need = std::max(need, scores_tc_smem(s.C, s.K, w).total); }
     return !scores_force_fma && !mma_bad && s.gk > 1 && s.K % 16 == 0 && s.K <= 256 && s.C % SUB == 0 && need + 1024 <= (size_t)smem_optin;
 }
+// SCORES_FIN_DEFAULT 1: with the channel-decay scores on tensor cores, the backward's finish runs inside the two scores
+// kernels (their FIN instantiations: the rows side with dq, dk̂, dbeta, dv; the columns side with dk̃ and dg) instead of
+// bwd_finish_kernel, so dq_s, dk̂_s, dk̃_s and dbetaA never reach device memory (lab v10). scores_fin_force (the kernel
+// lab): 1 on wherever the tensor-core scores run, 2 off. -DSCORES_FIN_DEFAULT=0 builds the separate finish.
+#ifndef SCORES_FIN_DEFAULT
+#define SCORES_FIN_DEFAULT 1
+#endif
+static int scores_fin_force = 0;
+static bool scores_fin_for(const ChunkShape& s) {
+    return (scores_fin_force == 1 || (scores_fin_force == 0 && SCORES_FIN_DEFAULT)) && s.K % 4 == 0 && s.V % 4 == 0;
+}
 static bool scores_scalar_fused(const ChunkShape& s) {
     size_t need = std::max(smem_scores_scalar_tc(s.C, s.K), smem_bwd_scores_scalar_tc(s.C, s.K));
     return !scores_force_fma && !mma_bad && s.gk <= 1 && s.K % 16 == 0 && s.C % 16 == 0 && need + 1024 <= (size_t)smem_optin;
@@ -4881,6 +5053,7 @@ struct MixerPlan {
     bool scores_fused;  // scalar / no decay: scores + (I + A)^-1 in one tensor-core kernel, and one for the backward
     bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
     bool finish_rows;   // the backward's finishing kernel with a warp per row (scalar / no decay, K = V = 128)
+    bool scores_fin;    // channel decay: the finish inside the two tensor-core scores kernels; else bwd_finish_kernel
     bool gemms_fused;   // the backward's chunk-local products in one tensor-core kernel; else ten batched GEMMs
     bool bwd_fused;     // products, scores and finish in one kernel (bwd_chunk_fused_kernel); else three steps
     bool prep_wy;       // X, Y made on chip and W, U with Qg, Kd in one kernel (prep_wy_kernel); else chunk_prep + GEMMs
@@ -4943,6 +5116,7 @@ static MixerPlan mixer_plan(const ChunkShape& s) {
     }
     p.scores_fused = scores_scalar_fused(s);
     p.scores_tc = scores_use_tc(s);
+    p.scores_fin = p.scores_tc && scores_fin_for(s);
     p.gemms_fused = bwd_gemms_fused(s);
     p.prep_wy = prep_wy_fits(s);
 #endif
@@ -4979,7 +5153,7 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
     }
     printf("mixer kernels (K %d, V %d%s, chunk %d): %s; %s; %s; backward products %s; backward finish %s\n", s.K, s.V,
            pad, s.C, scan, scores, wy, p.gemms_fused ? "in one tensor-core kernel" : "by batched GEMMs",
-           p.finish_rows ? "a warp per row" : "a block per chunk");
+           p.scores_fin ? "in the scores kernels" : p.finish_rows ? "a warp per row" : "a block per chunk");
 }
 
 #ifndef ENABLE_FP32
@@ -5212,14 +5386,24 @@ static void delta_chunk_backward(float* dq, float* dkh, float* dkt, float* dv, f
     }
     }
     {
-    PROF("mixer.bwd.scores");
+    PROF(p.scores_fin ? "mixer.bwd.scores+finish" : "mixer.bwd.scores");
     if (s.gk > 1) {
 #ifndef ENABLE_FP32
+        if (p.scores_fin) { // the finish too: dq, dk̂, dbeta, dv, then dk̃ (or into dk̂), dg; sc->dq_s carries dG's rows part
+            scores_channel_dq_tc_kernel<true><<<nq, SC_THREADS, scores_tc_smem(C, K, 1).total, main_stream>>>(
+                dq, dkh, dbeta, sc->dq_s, dv, sc->dP, sc->dA, sv->Mk, Kt, sv->G, beta, sc->dQg, sc->dX, sc->dY, Q, Kh, Vv, s);
+            scores_channel_dkt_tc_kernel<true><<<nq, SC_THREADS, scores_tc_smem(C, K, 2).total, main_stream>>>(
+                dkt, dkh, dg, sc->dP, sc->dA, Q, Kh, sv->G, beta, sc->dq_s, sc->dKd, Kt, sv->hstate, sc->dhstate, fold_kt, s);
+            cudaCheck(cudaGetLastError());
+            return;
+        }
         if (p.scores_tc) {
-            scores_channel_dq_tc_kernel<<<nq, SC_THREADS, scores_tc_smem(C, K, 1).total, main_stream>>>(
-                sc->dq_s, sc->dkh_s, sc->dbetaA, sc->dP, sc->dA, sv->Mk, Kt, sv->G, beta, s);
-            scores_channel_dkt_tc_kernel<<<nq, SC_THREADS, scores_tc_smem(C, K, 2).total, main_stream>>>(
-                sc->dkt_s, sc->dP, sc->dA, Q, Kh, sv->G, beta, s);
+            scores_channel_dq_tc_kernel<false><<<nq, SC_THREADS, scores_tc_smem(C, K, 1).total, main_stream>>>(
+                sc->dq_s, sc->dkh_s, sc->dbetaA, nullptr, nullptr, sc->dP, sc->dA, sv->Mk, Kt, sv->G, beta, nullptr, nullptr,
+                nullptr, nullptr, nullptr, nullptr, s);
+            scores_channel_dkt_tc_kernel<false><<<nq, SC_THREADS, scores_tc_smem(C, K, 2).total, main_stream>>>(
+                sc->dkt_s, nullptr, nullptr, sc->dP, sc->dA, Q, Kh, sv->G, beta, nullptr, nullptr, nullptr, nullptr, nullptr,
+                fold_kt, s);
         } else
 #endif
         scores_channel_backward_kernel<<<nq, 256, smem_scores_channel_bwd(s), main_stream>>>(
@@ -6142,9 +6326,11 @@ static void mixer_scratch_grads_add(Arena& ar, MixerScratch* sc, const ChunkShap
     if (p.bwd_fused) { return; } // the rest stays on chip
     ar.add(&sc->dQg, rows * K); ar.add(&sc->dKd, rows * K); ar.add(&sc->dX, rows * K); ar.add(&sc->dY, rows * V);
     if (!p.gemms_fused) { ar.add(&sc->dWx, rows * K); ar.add(&sc->dZx, nq * CC); ar.add(&sc->dZ, nq * CC); }
-    ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC); ar.add(&sc->dbetaA, rows);
+    ar.add(&sc->dP, nq * CC); ar.add(&sc->dA, nq * CC);
     if (gemm_scores) { ar.add(&sc->dPm, nq * CC); ar.add(&sc->dMm, nq * CC); }
-    ar.add(&sc->dq_s, rows * K); ar.add(&sc->dkh_s, rows * K); ar.add(&sc->dkt_s, rows * K);
+    ar.add(&sc->dq_s, rows * K); // with scores_fin: the rows side's part of dG for the columns side
+    if (p.scores_fin) { return; }
+    ar.add(&sc->dbetaA, rows); ar.add(&sc->dkh_s, rows * K); ar.add(&sc->dkt_s, rows * K);
 }
 
 // docs: room for packed documents (acts_docs)

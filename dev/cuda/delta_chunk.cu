@@ -65,6 +65,12 @@ Versions (everything else is the trainer's code):
       4,076 checks PASS in all (v9's 441, within 1.84e-6 of v2 at 54 shapes); fwd+bwd v8 -> v9 at B = 16 T = 2048
       pgdn 3.23 -> 3.12 ms, dn 2.38 -> 2.22; at B = 1 within +-3% either way. kda at B = 16 T = 2048: fwd 1.85 ms
       against v7's 1.65 (another job), so the trainer takes it for a scalar or no decay only (PREP_WY_DEFAULT 1).
+  v10 v7 for a channel decay (KDA, PKDA) with the backward's finish inside the two tensor-core scores kernels
+      (MixerPlan.scores_fin, their FIN instantiations) instead of bwd_finish_kernel: the rows side (dq, dk̂ and the
+      dbeta rows from dQg, dX, dY, and the rows' part of dG) after its sub-blocks, the columns side (dk̃, or dk̃ added
+      into dk̂ for one key, and dg, the reverse cumsum walking down with the column blocks) after its own, so dq_s,
+      dk̂_s, dk̃_s and dbetaA never reach device memory. Sums over channels in another order: checked against the
+      reference and against v2 at 1e-3. Written 2026-12-07 without a GPU.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
@@ -114,12 +120,12 @@ Exit code: 0 if every check passed, 1 if any failed.
 #define NVERSIONS 1
 static const double TOL = 1e-4;
 #else
-#define NVERSIONS 9
+#define NVERSIONS 10
 static const double TOL = 2e-2;
 #endif
-static const char* VERSION_NAME[10] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
+static const char* VERSION_NAME[11] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
                                        "v5 16-column scans", "v6 16 col, staged", "v7 v2 + bwd products",
-                                       "v8 v7 + fused bwd", "v9 v8 + prep/WY"};
+                                       "v8 v7 + fused bwd", "v9 v8 + prep/WY", "v10 v7 + scores fin"};
 #ifndef ENABLE_FP32
 static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of 2 chunks, timing the trainer's rule (-1)
 #endif
@@ -150,6 +156,7 @@ static bool select_version(int v, const ChunkShape& s) {
     gemms_force = v >= 7 ? 2 : 1; // v7: v2 with the backward's products in one kernel (MixerPlan.gemms_fused)
     bwd_fused_force = v >= 8 ? 1 : 2; // v8: products, scores, finish in one kernel (MixerPlan.bwd_fused)
     prep_wy_force = v == 9 ? 1 : 2;   // v9: v8 (v7 where v8 does not run) with X, Y on chip (MixerPlan.prep_wy)
+    scores_fin_force = v == 10 ? 1 : 2; // v10: channel decay, v7 with the finish in the scores kernels (MixerPlan.scores_fin)
     MixerPlan p = mixer_plan(s);
     bool w = p.scan_wmma && (s.gk > 1 ? scores_use_tc(s) : scores_scalar_fused(s));
     if (v == 3) { return w && p.scan_groups > 1; }
@@ -159,6 +166,7 @@ static bool select_version(int v, const ChunkShape& s) {
     if (v == 7) { return w && p.scan_groups == 1 && p.gemms_fused && !p.bwd_fused; }
     if (v == 8) { return w && p.scan_groups == 1 && p.bwd_fused; }
     if (v == 9) { return w && p.scan_groups == 1 && p.prep_wy; } // with the GEMMs where the fused products do not fit
+    if (v == 10) { return w && p.scan_groups == 1 && p.scores_fin; } // with the GEMMs where the fused products do not fit
     return v == 1 ? !w : (w && p.scan_groups == 1);
 #endif
 }
@@ -445,6 +453,10 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
         }
         if (v == 8 && (gk > 1 || K != 128)) { // by design: scalar or no decay at K = V = 128 only
             printf("skip %s: %s: only for a scalar or no decay at K = V = 128\n", tag, VERSION_NAME[v]);
+            continue;
+        }
+        if (v == 10 && gk <= 1) { // by design: the channel decay's scores kernels
+            printf("skip %s: %s: only for a channel decay\n", tag, VERSION_NAME[v]);
             continue;
         }
 #endif
