@@ -166,7 +166,7 @@ static bool select_version(int v, const ChunkShape& s) {
     if (v == 7) { return w && p.scan_groups == 1 && p.gemms_fused && !p.bwd_fused; }
     if (v == 8) { return w && p.scan_groups == 1 && p.bwd_fused; }
     if (v == 9) { return w && p.scan_groups == 1 && p.prep_wy; } // with the GEMMs where the fused products do not fit
-    if (v == 10) { return w && p.scan_groups == 1 && p.scores_fin; } // with the GEMMs where the fused products do not fit
+    if (v == 10) { return w && p.scan_groups == 1 && p.scores_fin; } // channel decay only
     return v == 1 ? !w : (w && p.scan_groups == 1);
 #endif
 }
