@@ -71,6 +71,9 @@ Versions (everything else is the trainer's code):
       into dk̂ for one key, and dg, the reverse cumsum walking down with the column blocks) after its own, so dq_s,
       dk̂_s, dk̃_s and dbetaA never reach device memory. Sums over channels in another order: checked against the
       reference and against v2 at 1e-3. Written 2026-12-07 without a GPU.
+  v11 the trainer's plan for each shape, nothing forced: whichever of the versions above (or their combination, such
+      as v6's scans with v9's or v10's backward at B = 1) mixer_plan picks, so its timing is the mixer as train_pdncu
+      runs it (scripts/bench_gpu.sh prints v11's table). Checked against the reference and against v2 at 1e-3.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
@@ -120,12 +123,13 @@ Exit code: 0 if every check passed, 1 if any failed.
 #define NVERSIONS 1
 static const double TOL = 1e-4;
 #else
-#define NVERSIONS 10
+#define NVERSIONS 11
 static const double TOL = 2e-2;
 #endif
-static const char* VERSION_NAME[11] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
+static const char* VERSION_NAME[12] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
                                        "v5 16-column scans", "v6 16 col, staged", "v7 v2 + bwd products",
-                                       "v8 v7 + fused bwd", "v9 v8 + prep/WY", "v10 v7 + scores fin"};
+                                       "v8 v7 + fused bwd", "v9 v8 + prep/WY", "v10 v7 + scores fin",
+                                       "v11 trainer's plan"};
 #ifndef ENABLE_FP32
 static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of 2 chunks, timing the trainer's rule (-1)
 #endif
@@ -148,6 +152,12 @@ static bool select_version(int v, const ChunkShape& s) {
     (void)s;
     return v == 1;
 #else
+    if (v == 11) { // the trainer's plan for the shape: no choice forced (MixerPlan as mixer_plan makes it)
+        scan_force_simt = scores_force_fma = 0;
+        scan_groups_force = scan_stages_force = scan_bv_force = gemms_force = bwd_fused_force = prep_wy_force = 0;
+        scores_fin_force = 0;
+        return mixer_plan(s).scan_wmma;
+    }
     scan_force_simt = v == 1; // v1: the SIMT scans and unfused scores, v2: the tensor-core ones, v3: v2 in chunk groups,
     scores_force_fma = v == 1; // v4: v2 with two stage buffers, v5: v2 with 16-column scan blocks
     scan_groups_force = v == 3 ? lab_groups : 0;
