@@ -7,11 +7,15 @@
 # 40-token window, the 340m layer with 8 heads of 128) and kda+attn-gqa (attention at layer 0, 16 heads of 64 on 4 kv
 # heads at 340m) in the same rows, and greedy generation through the KV cache; packed documents (--doc-mask 1) by
 # scripts/doc_check.sh, whose rows come first. Prints a table last.
-# Usage: scripts/gpu_check.sh [OUTDIR]
+# Usage: scripts/gpu_check.sh [OUTDIR]     VARIANTS="kda pkda": only those variants' rows (with their hybrids), here and
+# in doc_check.sh; the rows that train pgdn-tiny (text, checkpoints, generation, signals) run whatever it says
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-/tmp/pdn_gpu_check}
 mkdir -p "$out"
+# want V: whether VARIANTS (space or comma separated, empty: all) holds V's variant (pgdn+attn is pgdn's)
+want() { [ -z "${VARIANTS:-}" ] || [[ " ${VARIANTS//,/ } " == *" ${1%%+*} "* ]]; }
+[ -z "${VARIANTS:-}" ] || echo "gpu_check: the variant rows of ${VARIANTS//,/ } only"
 make -s train_pdn test_pdn train_pdncu train_pdncu_fp32 || exit 1
 nfailed=0 # commands that failed (a row then has no result), counted into the verdict at the end
 failed() { echo "FAILED: $*"; nfailed=$((nfailed + 1)); }
@@ -25,6 +29,7 @@ declare -A size_preset=([tiny]=tiny [340m-layer]=340m [340m-chunk32]=340m [1b-la
 rows=()
 for size in tiny 340m-layer 340m-chunk32 1b-layer; do
     for v in dn pdn gdn pgdn kda pkda pgdn+exact pgdn+attn kda+attn-gqa; do
+        want $v || continue
         [ "$size" = 1b-layer ] && [ "$v" != gdn ] && [ "$v" != kda ] && [ "$v" != pkda ] && continue
         preset="${v%%+*}-${size_preset[$size]}"
         extra=""; [ "$v" = "pgdn+exact" ] && extra="--precond exact"
@@ -40,10 +45,11 @@ for size in tiny 340m-layer 340m-chunk32 1b-layer; do
         for bin in train_pdn train_pdncu_fp32 train_pdncu; do
             ./$bin --preset $preset $extra ${shape[$size]} --debug-state "$f.$bin.bin" > /dev/null 2>&1 || failed "$bin $v $size"
         done
-        r32=$(./test_pdn --compare "$f.train_pdn.bin" "$f.train_pdncu_fp32.bin" | tail -1 | cut -d: -f1)
-        r16=$(./test_pdn --compare "$f.train_pdn.bin" "$f.train_pdncu.bin" | tail -1 | cut -d: -f1)
-        w32=$(./test_pdn --compare "$f.train_pdn.bin" "$f.train_pdncu_fp32.bin" | awk '$5 ~ /ok|FAIL/ && $3+0 > m { m = $3 + 0 } END { printf "%.1e", m }')
-        w16=$(./test_pdn --compare "$f.train_pdn.bin" "$f.train_pdncu.bin" | awk '$5 ~ /ok|FAIL/ && $4+0 > m { m = $4 + 0 } END { printf "%.1e", m }')
+        r32=$(./test_pdn --compare "$f.train_pdn.bin" "$f.train_pdncu_fp32.bin" 2>/dev/null | tail -1 | cut -d: -f1)
+        r16=$(./test_pdn --compare "$f.train_pdn.bin" "$f.train_pdncu.bin" 2>/dev/null | tail -1 | cut -d: -f1)
+        r32=${r32:-MISSING} r16=${r16:-MISSING} # no verdict (a run failed): a problem in the count below
+        w32=$(./test_pdn --compare "$f.train_pdn.bin" "$f.train_pdncu_fp32.bin" 2>/dev/null | awk '$5 ~ /ok|FAIL/ && $3+0 > m { m = $3 + 0 } END { printf "%.1e", m }')
+        w16=$(./test_pdn --compare "$f.train_pdn.bin" "$f.train_pdncu.bin" 2>/dev/null | awk '$5 ~ /ok|FAIL/ && $4+0 > m { m = $4 + 0 } END { printf "%.1e", m }')
         rows+=("$(printf "%-11s %-11s | fp32 %-4s (worst max-rel %s) | bf16 %-4s (worst L2 %s)" "$v" "$size" "$r32" "$w32" "$r16" "$w16")")
     done
 done
@@ -56,8 +62,9 @@ for bin in train_pdn train_pdncu_fp32 train_pdncu; do
     ./$bin --preset pgdn-tiny -i "$out/text/docs_train_*.bin" --tokenizer "$out/tok/tokenizer.bin" -b 4 -t 100 \
         --debug-state "$out/text.$bin.bin" > /dev/null 2>&1 || failed "$bin text debug state"
 done
-r32=$(./test_pdn --compare "$out/text.train_pdn.bin" "$out/text.train_pdncu_fp32.bin" | tail -1 | cut -d: -f1)
-r16=$(./test_pdn --compare "$out/text.train_pdn.bin" "$out/text.train_pdncu.bin" | tail -1 | cut -d: -f1)
+r32=$(./test_pdn --compare "$out/text.train_pdn.bin" "$out/text.train_pdncu_fp32.bin" 2>/dev/null | tail -1 | cut -d: -f1)
+r16=$(./test_pdn --compare "$out/text.train_pdn.bin" "$out/text.train_pdncu.bin" 2>/dev/null | tail -1 | cut -d: -f1)
+r32=${r32:-MISSING} r16=${r16:-MISSING}
 rows+=("$(printf "%-11s %-11s | fp32 %-4s | bf16 %-4s" "pgdn" "text" "$r32" "$r16")")
 
 for bin in train_pdn train_pdncu_fp32 train_pdncu; do
@@ -70,7 +77,11 @@ done
 # match the other trainer's uninterrupted run to fp32 rounding (max relative difference printed).
 flags="--preset pgdn-tiny -b 8 -t 64 -d 1024 -x 12 -n 6 -v 0 -m 1"
 losses() { grep -o '^s:\([7-9]\|1[0-2]\) trl:[0-9.e-]*' "$1/main.log"; }
-maxrel() { paste <(losses "$1" | cut -d: -f3) <(losses "$2" | cut -d: -f3) | awk '{ d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r } END { printf "%.1e", m }'; }
+# the max relative difference of two runs' losses at steps 7-12 (MISSING where either run has none or fewer)
+maxrel() { paste <(losses "$1" | cut -d: -f3) <(losses "$2" | cut -d: -f3) | awk -F'\t' '
+    $1 == "" || $2 == "" { bad = 1; next }
+    { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > m) m = r }
+    END { if (bad || n != 6) print "MISSING"; else printf "%.1e", m }'; }
 resume_rows=()
 for bin in train_pdn train_pdncu train_pdncu_fp32; do
     rm -rf "$out/ck.$bin."*
@@ -93,6 +104,7 @@ resume_rows+=("$(printf "%-18s GPU checkpoint continued on the CPU: steps 7-12 v
 # flag, so they compare byte for byte)
 recompute_rows=()
 for v in dn pdn gdn pgdn kda pkda pgdn+attn; do
+    want $v || continue
     f="$out/$v.340m-layer"
     extra=""; [ "$v" = "pgdn+attn" ] && extra="--attn-layers 1"
     for bin in train_pdncu_fp32 train_pdncu; do
@@ -104,6 +116,7 @@ done
 # The backward's second stream (the MLP's and W_o's weight gradients beside the mixer's scan) is on at the 340m-layer
 # shape (few blocks: bwd_side_for); PDN_BWD_SIDE=0 keeps everything on one stream: the same GEMMs, so bit for bit
 for v in pgdn pkda pgdn+attn; do
+    want $v || continue
     f="$out/$v.340m-layer"
     extra=""; [ "$v" = "pgdn+attn" ] && extra="--attn-layers 1"
     for bin in train_pdncu_fp32 train_pdncu; do
@@ -116,6 +129,7 @@ done
 # (scan_bv_for: few blocks on long chains); PDN_SCAN_BV=32 the 32-column blocks. The same 16 x 16 products, so bit for
 # bit (bf16 build only: the fp32 build runs the SIMT scans)
 for v in dn pgdn kda pkda; do
+    want $v || continue
     f="$out/$v.340m-layer"
     PDN_SCAN_BV=32 ./train_pdncu --preset $v-340m ${shape[340m-layer]} --debug-state "$f.train_pdncu.bv32.bin" > /dev/null 2>&1 || failed "train_pdncu $v PDN_SCAN_BV=32"
     same=$(cmp -s "$f.train_pdncu.bin" "$f.train_pdncu.bv32.bin" && echo "bit-exact" || echo "DIFFERENT")
@@ -205,7 +219,7 @@ printf '%s\n' "${robust_rows[@]}"
 # the verdict: any row that failed, differed or changed, or any command that failed, makes the exit code 1
 bad=$nfailed
 for r in "${resume_rows[@]}" "${recompute_rows[@]}" "${rows[@]}" "${gen_rows[@]}" "${robust_rows[@]}"; do
-    case "$r" in *FAIL*|*DIFFERENT*|*CHANGED*|*WRONG*) bad=$((bad + 1)) ;; esac
+    case "$r" in *FAIL*|*DIFFERENT*|*CHANGED*|*WRONG*|*MISSING*) bad=$((bad + 1)) ;; esac
 done
 if [ "$bad" -gt 0 ]; then echo "gpu_check: $bad problem(s), see the rows above"; exit 1; fi
-echo "gpu_check: every row passed"
+echo "gpu_check: every row passed${VARIANTS:+ (the variant rows of ${VARIANTS//,/ } only)}"
