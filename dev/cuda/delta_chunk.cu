@@ -70,7 +70,9 @@ Versions (everything else is the trainer's code):
       dbeta rows from dQg, dX, dY, and the rows' part of dG) after its sub-blocks, the columns side (dk̃, or dk̃ added
       into dk̂ for one key, and dg, the reverse cumsum walking down with the column blocks) after its own, so dq_s,
       dk̂_s, dk̃_s and dbetaA never reach device memory. Sums over channels in another order: checked against the
-      reference and against v2 at 1e-3. Written 2026-12-07 without a GPU.
+      reference and against v2 at 1e-3. Written 2026-12-07 without a GPU, run the same day on an H100: 153/153
+      checks PASS (within 5.4e-9 of v2), fwd+bwd at B = 16 T = 2048 kda 4.93 -> 4.83 ms, pkda 5.62 -> 5.51 (v7 -> v10
+      in one job); kda-340m +0.7% end to end. The trainer's plan since then (SCORES_FIN_DEFAULT 1).
   v11 the trainer's plan for each shape, nothing forced: whichever of the versions above (or their combination, such
       as v6's scans with v9's or v10's backward at B = 1) mixer_plan picks, so its timing is the mixer as train_pdncu
       runs it (scripts/bench_gpu.sh prints v11's table). Checked against the reference and against v2 at 1e-3.
