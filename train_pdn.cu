@@ -85,7 +85,10 @@ template <typename T> __device__ __forceinline__ T fromf(float x);
 template <> __device__ __forceinline__ float fromf<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
-__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+// by the hardware approximations (ex2.approx, rcp.approx; relative error a few 1e-6, growing slowly with |x|): the IEEE
+// expf and 1 / x take ~20 instructions a call, and the conv + SiLU kernels are short of issue slots (their lab's v6:
+// forward and backward -14%, H100, 2026-12-07). x -> -inf gives 0 (__fdividef by inf or by > 2^126 is 0), +inf 1.
+__device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
 // 16-byte vectors of floatX for memory-bound kernels (8 bf16 or 4 fp32 per load/store)
 #define XVEC ((int)(16 / sizeof(floatX)))
@@ -924,12 +927,13 @@ __global__ void __launch_bounds__(CONV_THREADS) conv_norm_backward_kernel(floatX
         for (int p = 0; p < 2; p++) {
             int r = r0 + p * nw;
             if (r >= nr) { continue; }
+            float ds = dot[p] / scale; // one division a token
             #pragma unroll
             for (int u = 0; u < CPL; u++) {
                 int c = lane + 32 * u;
                 if (c >= D) { continue; }
                 // rows at or after T: everything loaded as zero, so dpre = 0
-                float dx = norm ? rr[p] * (scale * dyv[p][u] - ov[p][u] * dot[p] / scale) : dyv[p][u];
+                float dx = norm ? rr[p] * (scale * dyv[p][u] - ov[p][u] * ds) : dyv[p][u];
                 float sg = sigmoidf_(pv[p][u]);
                 dps[r * D + c] = dx * sg * (1.0f + pv[p][u] * (1.0f - sg));
             }
@@ -1023,7 +1027,10 @@ __host__ __device__ __forceinline__ int conv_lanes(int D, int NV) {
 }
 // sum over the ng lanes of a token group (consecutive lanes, ng a power of two <= 32); every lane of the warp calls it
 __device__ __forceinline__ float group_sum(float v, int ng) {
-    for (int o = ng / 2; o > 0; o >>= 1) { v += __shfl_xor_sync(0xffffffff, v, o); }
+    #pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { // unrolled (a loop on ng is a branch per step); the order is ng / 2 ... 1
+        if (o < ng) { v += __shfl_xor_sync(0xffffffff, v, o); }
+    }
     return v;
 }
 
@@ -1152,10 +1159,10 @@ __global__ void __launch_bounds__(CONV_THREADS, NV == 4 ? 4 : 1) conv_norm_backw
         }
         if (norm) { dot = group_sum(dot, ng); }
         if (r >= nr || !act) { continue; }
-        float dp[NV];
+        float dp[NV], ds = dot / scale; // one division a token, not one an element
         #pragma unroll
         for (int u = 0; u < NV; u++) {
-            float dx = norm ? rr * (scale * dyv[u] - ov[u] * dot / scale) : dyv[u];
+            float dx = norm ? rr * (scale * dyv[u] - ov[u] * ds) : dyv[u];
             float sg = sigmoidf_(pv[u]);
             dp[u] = dx * sg * (1.0f + pv[u] * (1.0f - sg));
         }

@@ -42,6 +42,10 @@ Versions:
       0.185 / 0.244 / 0.228. The forward gains what one load a row saves, the backward loses more: its windows take 128
       registers and spill (2 blocks of 8 warps an SM against v6's 4), and each step's loads wait on the step before.
       In the trainer, pgdn-340m 16 x 2048 lost 0.7% with v7 (119,823 / 119,925 against 120,934 / 120,466 tok/s).
+Since 2026-12-07 (evening) every version's SiLU is the trainer's sigmoidf_ on the hardware approximations (__expf,
+__fdividef) instead of the IEEE expf and division, and v6-v8's backward divides by the scale once a token. v6 on an H100
+(results/sigmoid_2026-12-07_h100/), before / after in ms: D = 128 fwd 0.1250 / 0.1080, bwd 0.2060 / 0.1778; D = 120
+fwd 0.1171 / 0.1056, bwd 0.1859 / 0.1600. The timings quoted above for v1-v8 are from before it.
 
 CPU reference in double from the inputs as the device sees them (z, w, history rounded to floatX; pre and o rounded
 to floatX where the device stores or rounds them).
@@ -439,10 +443,10 @@ __global__ void __launch_bounds__(256, 2) conv_norm_backward_stream_kernel(float
             }
             if (norm) { dot = group_sum(dot, ng); }
             if (!ok) { continue; }
-            float dp[NV];
+            float dp[NV], ds = dot / scale; // v6's expression
             #pragma unroll
             for (int u = 0; u < NV; u++) {
-                float dx = norm ? rr[q] * (scale * dyv[q][u] - ov[u] * dot / scale) : dyv[q][u];
+                float dx = norm ? rr[q] * (scale * dyv[q][u] - ov[u] * ds) : dyv[q][u];
                 float sg = sigmoidf_(pv[u]);
                 dp[u] = dx * sg * (1.0f + pv[u] * (1.0f - sg));
             }
