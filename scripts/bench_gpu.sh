@@ -13,9 +13,9 @@
 #     --recompute 1 (each layer's forward run again in the backward);
 #   - the MQAR sweep's model (issue 15: 2 layers, d 128, 4 heads of 32, vocab 8192, Zoology's L 256 N 32, 128
 #     sequences a step), alone on the GPU, with where its time goes (PDN_PROFILE=1);
-# then where the time goes for pgdn-340m (PDN_PROFILE=1) and the mixer kernels alone under the trainer's plan for each
-# shape (dev/cuda/delta_chunk v11: B = 1, H = 8, K = V = 128, T = 2048 ... 16384, and B = 16, T = 2048). The first step
-# of every run is not timed.
+# then where the time goes for pgdn-340m at 16 x 2048 and at 1 x 32768 (PDN_PROFILE=1) and the mixer kernels alone
+# under the trainer's plan for each shape (dev/cuda/delta_chunk v11: B = 1, H = 8, K = V = 128, T = 2048 ... 16384,
+# and B = 16, T = 2048). The first step of every run is not timed.
 # OLD=DIR: also run DIR/train_pdncu (an older build) on the 340m rows, side by side in the same job.
 # Usage: scripts/bench_gpu.sh [steps]     (SKIP_LAB=1: no kernel-lab table; QUICK=1: the 340m 16 x 2048 rows only)
 set -uo pipefail
@@ -63,6 +63,8 @@ if [ -z "${QUICK:-}" ]; then
     PDN_PROFILE=1 ./train_pdncu "${mqar[@]}" -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
     echo "== where the time goes, pgdn-340m, 16 x 2048 tokens per step =="
     PDN_PROFILE=1 ./train_pdncu --preset pgdn-340m "${lm[@]}" -b 16 -t 2048 -d 32768 -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
+    echo "== where the time goes, pgdn-340m, 1 x 32768 tokens per step (what the long-sequence target loses) =="
+    PDN_PROFILE=1 ./train_pdncu --preset pgdn-340m "${lm[@]}" -b 1 -t 32768 -d 32768 -x "$steps" -v 0 -m 1 2>&1 | sed -n '/where the time goes/,/total/p'
 fi
 if [ -f dev/cuda/Makefile ] && [ -z "${SKIP_LAB:-}" ]; then
     echo "== mixer kernels alone, the trainer's plan (dev/cuda/delta_chunk v11) =="
