@@ -85,9 +85,10 @@ template <typename T> __device__ __forceinline__ T fromf(float x);
 template <> __device__ __forceinline__ float fromf<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 fromf<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
-// by the hardware approximations (ex2.approx, rcp.approx; relative error a few 1e-6, growing slowly with |x|): the IEEE
-// expf and 1 / x take ~20 instructions a call, and the conv + SiLU kernels are short of issue slots (their lab's v6:
-// forward and backward -14%, H100, 2026-12-07). x -> -inf gives 0 (__fdividef by inf or by > 2^126 is 0), +inf 1.
+// sigmoid by the hardware approximations (ex2.approx, div.approx; relative error a few 1e-6, growing slowly with |x|):
+// the accurate expf and the IEEE 1 / x take ~20 instructions a call, and the conv + SiLU kernels are short of issue
+// slots (their lab's v6 at D = 128: forward and backward -14%, H100, 2026-12-07). x -> -inf gives 0 (__fdividef by
+// inf or by > 2^126 is 0), +inf 1.
 __device__ __forceinline__ float sigmoidf_(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
 // 16-byte vectors of floatX for memory-bound kernels (8 bf16 or 4 fp32 per load/store)

@@ -43,7 +43,8 @@ Versions:
       registers and spill (2 blocks of 8 warps an SM against v6's 4), and each step's loads wait on the step before.
       In the trainer, pgdn-340m 16 x 2048 lost 0.7% with v7 (119,823 / 119,925 against 120,934 / 120,466 tok/s).
 Since 2026-12-07 (evening) every version's SiLU is the trainer's sigmoidf_ on the hardware approximations (__expf,
-__fdividef) instead of the IEEE expf and division, and v6-v8's backward divides by the scale once a token. v6 on an H100
+__fdividef) instead of the accurate expf and the IEEE division, and every version's backward but v1's divides by the
+scale once a token. v6 on an H100
 (results/sigmoid_2026-12-07_h100/), before / after in ms: D = 128 fwd 0.1250 / 0.1080, bwd 0.2060 / 0.1778; D = 120
 fwd 0.1171 / 0.1056, bwd 0.1859 / 0.1600. The timings quoted above for v1-v8 are from before it.
 

@@ -75,8 +75,9 @@ Versions (everything else is the trainer's code):
       in one job); kda-340m +0.7% end to end. The trainer's plan since then (SCORES_FIN_DEFAULT 1).
   v11 the trainer's plan for each shape, nothing forced: whichever of the versions above (or their combination, such
       as v6's scans with v9's or v10's backward at B = 1) mixer_plan picks, so its timing is the mixer as train_pdncu
-      runs it (scripts/bench_gpu.sh prints v11's table). Checked against the reference and against v2 at 1e-3:
-      387 checks PASS on an H100 (bf16, 2026-12-07, results/sigmoid_2026-12-07_h100/); not yet timed.
+      runs it (scripts/bench_gpu.sh prints v11's table). Checked against the reference and against v2 at 1e-3 (v2
+      when it runs in the same call). Run alone on an H100 (bf16, 2026-12-07, results/sigmoid_2026-12-07_h100/): 387
+      checks PASS against the reference; not yet timed.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
