@@ -768,19 +768,31 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
 #define CONV_CS_MAX 4    // the presets' kernel size; larger ones are refused on the GPU
 #define CONV_THREADS 256
 // rows x row_bytes from src (row stride src_stride bytes) into dst (row stride dst_stride bytes), 16 bytes a copy.
-// Where the block's threads are a whole number of rows' worth of copies (the usual case: 4, 8, 16 or 32 a row) each
+// Where the block's threads are a whole number of rows' worth of copies (the usual case: 2 to 32 a row) each
 // thread keeps one 16-byte column and steps its pointers down the rows: a division per copy (the general loop) was
-// 40% of the backward scan's issue time at one sequence (Nsight Compute, H200, 2026-12-03).
-__device__ __forceinline__ void stage_async(void* dst, int dst_stride, const void* src, long src_stride, int rows, int row_bytes) {
-    int per = row_bytes / 16, step = blockDim.x / per;
-    if (step * per == (int)blockDim.x) {
-        int r = threadIdx.x / per, p = threadIdx.x % per;
+// 40% of the backward scan's issue time at one sequence (Nsight Compute, H200, 2026-12-03). A power of two a row (every
+// scan's operand) takes shifts, not divisions: the two divisions by the runtime `per` were still 14% of the forward
+// scan's instructions at 1 x 32768 (Nsight Compute, H100, 2026-12-07), five calls a chunk on the chain.
+// tid, nt: the copying threads (nt of them, tid this one's index among them); by default the whole block.
+__device__ __forceinline__ void stage_async(void* dst, int dst_stride, const void* src, long src_stride, int rows, int row_bytes,
+                                            int tid = -1, int nt = 0) {
+    if (nt == 0) { tid = threadIdx.x; nt = blockDim.x; }
+    int per = row_bytes / 16, r, p, step;
+    if ((per & (per - 1)) == 0 && (nt & (per - 1)) == 0) {
+        int sh = __ffs(per) - 1;
+        r = tid >> sh, p = tid & (per - 1), step = nt >> sh;
+    } else if (per > 0 && nt % per == 0) {
+        r = tid / per, p = tid % per, step = nt / per;
+    } else {
+        step = 0;
+    }
+    if (step > 0) {
         char* d = (char*)dst + (size_t)r * dst_stride + p * 16;
         const char* s = (const char*)src + r * src_stride + p * 16;
         for (; r < rows; r += step, d += (size_t)step * dst_stride, s += step * src_stride) { __pipeline_memcpy_async(d, s, 16); }
         return;
     }
-    for (int i = threadIdx.x; i < rows * per; i += blockDim.x) {
+    for (int i = tid; i < rows * per; i += nt) {
         int r = i / per, p = i % per;
         __pipeline_memcpy_async((char*)dst + (size_t)r * dst_stride + p * 16, (const char*)src + r * src_stride + p * 16, 16);
     }
@@ -2818,11 +2830,11 @@ static void mma_selftest(void) {
 #define SCAN_PADV(bv) ((bv) + 8)
 #define SCAN_PADF(bv) ((bv) + 4)
 // the chunk's last-row decay: gw floats (1 or K)
-__device__ __forceinline__ void stage_glast(float* dst, const float* G, long row, int gw) {
+__device__ __forceinline__ void stage_glast(float* dst, const float* G, long row, int gw, int tid, int nt) {
     if (gw == 1) {
-        if (threadIdx.x == 0) { __pipeline_memcpy_async(dst, G + row, 4); }
+        if (tid == 0) { __pipeline_memcpy_async(dst, G + row, 4); }
     } else {
-        stage_async(dst, 0, G + row * gw, 0, 1, gw * 4);
+        stage_async(dst, 0, G + row * gw, 0, 1, gw * 4, tid, nt);
     }
 }
 static __host__ __device__ size_t scan_align(size_t b) { return (b + 127) / 128 * 128; }
@@ -2856,7 +2868,8 @@ __device__ __forceinline__ uint4 vprime8(uint4 u, const float* wsb) {
 // (C x C+8), the last row's G and the decay factors made from it (2 gw). NS = 1 stages a chunk's operands in two halves while
 // the chunk before it still runs (two blocks per multiprocessor fit at K = 128); NS = 2 stages the whole next chunk
 // while this one runs (one block per multiprocessor): the chunk's full compute time to hide the loads' latency where
-// few blocks walk long chains (one sequence, few heads). MixerPlan.scan_stages chooses.
+// few blocks walk long chains (one sequence, few heads); NS = 3 stages the chunk after next into the third buffer from
+// warps idle in the chunk's first phase, so that no copy is issued between chunks. MixerPlan.scan_stages chooses.
 struct ScanStage { size_t w, kd, qg, v, p, g, bytes; };
 __host__ __device__ inline ScanStage scan_stage(int C, int K, int gw, int nv, int bv) {
     ScanStage t;
@@ -2922,24 +2935,25 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
         Sb[a * SCAN_PADV(BV) + c] = __float2bfloat16(x);
     }
     // half 1 of a chunk: W, Qg; half 2: U, G_last, Kd, P (Qg, U and P only where the outputs or U are needed), into
-    // the buffers use_stage set
+    // the buffers use_stage set, by threads st_tid of st_nt (the block; NS = 3: the warps idle in the chunk's first phase)
     long rb = ((long)bh * s.NC + lo) * C;
+    int st_tid = threadIdx.x, st_nt = blockDim.x;
     auto stage1 = [&](long r) {
-        stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
-        if (outs) { stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2); }
+        stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2, st_tid, st_nt);
+        if (outs) { stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2, st_tid, st_nt); }
     };
     auto stage2 = [&](long r) {
-        if (!homog) { stage_async(Us, SCAN_PADV(BV) * 2, U + r * V + v0, (long)V * 2, C, BV * 2); }
-        if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
-        stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
-        if (outs) { stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); } // chunk q's P starts at q C C = r C
+        if (!homog) { stage_async(Us, SCAN_PADV(BV) * 2, U + r * V + v0, (long)V * 2, C, BV * 2, st_tid, st_nt); }
+        if (s.gk) { stage_glast(Gl, G, r + C - 1, gw, st_tid, st_nt); }
+        stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2, st_tid, st_nt);
+        if (outs) { stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2, st_tid, st_nt); } // chunk q's P starts at q C C = r C
     };
     use_stage(0);
     stage1(rb);
     if (NS == 1) { __pipeline_commit(); }
     stage2(rb);
     __pipeline_commit();
-    if (NS == 2) { // and the whole second chunk into buffer 1 (an empty group if there is none)
+    if (NS >= 2) { // and the whole second chunk into buffer 1 (an empty group if there is none)
         use_stage(1);
         if (lo + 1 < hi) { stage1(rb + C); stage2(rb + C); }
         __pipeline_commit();
@@ -2960,10 +2974,21 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
     for (int ch = lo; ch < hi; ch++) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch + 1 < hi, cut = chunk_cut(s, q); // cut: documents, a boundary in the chunk (read well before use)
-        if (NS == 2) { use_stage((ch - lo) % 2); } // (NS = 1: buffer 0 throughout)
+        if (NS >= 2) { use_stage((ch - lo) % NS); } // (NS = 1: buffer 0 throughout)
         float* dec = Gl + gw; // the chunk's decay factor (one, or one per state row; 1 for no decay)
-        __pipeline_wait_prior(1); // NS = 1: this chunk's W, Qg; NS = 2: all of this chunk's operands
+        __pipeline_wait_prior(1); // NS = 1: this chunk's W, Qg; NS = 2, 3: all of this chunk's operands
         __syncthreads();
+        if (NS == 3) { // chunk ch + 2 into the buffer chunk ch - 1 has left, by the warps before the O tiles' (idle until
+                       // the next barrier): no staging and no barrier for it at the chunk's end
+            if (warp < ob && ch + 2 < hi) {
+                use_stage((ch + 2 - lo) % 3);
+                st_nt = 32 * ob;
+                stage1(r0 + 2 * C);
+                stage2(r0 + 2 * C);
+                use_stage((ch - lo) % 3);
+            }
+            __pipeline_commit();
+        }
         // O tile `warp - ob` starts as Qg Sb, in registers; Vt = W Sb on the warps counted from the other end
         bool own = outs && warp >= ob && warp - ob < mt * (BV / 16);
         int oi = (warp - ob) / (BV / 16), oj = (warp - ob) % (BV / 16);
@@ -3026,10 +3051,12 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
             __syncwarp();
             *(uint4*)(O + (r0 + 16 * oi + tr) * V + v0 + 16 * oj + tc) = round8_bf16(ot + tr * SCAN_PADF(BV) + tc);
         }
-        __syncthreads(); // U, Kd and P are free (NS = 2: the whole buffer)
-        if (NS == 1 && more) { stage2(r0 + C); }
-        if (NS == 2 && ch + 2 < hi) { stage1(r0 + 2 * C); stage2(r0 + 2 * C); } // the chunk after next, into this buffer
-        __pipeline_commit();
+        if (NS != 3) {
+            __syncthreads(); // U, Kd and P are free (NS = 2: the whole buffer)
+            if (NS == 1 && more) { stage2(r0 + C); }
+            if (NS == 2 && ch + 2 < hi) { stage1(r0 + 2 * C); stage2(r0 + 2 * C); } // the chunk after next, into this buffer
+            __pipeline_commit();
+        }
     }
     if (S_final) {
         for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
@@ -3212,18 +3239,19 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
         dSb[a * SCAN_PADV(BV) + c] = __float2bfloat16(x);
     }
     // half 1 of a chunk: Kd, P, dO, G_last; half 2: Qg, W (P, dO and Qg only where dO is not zero), into the buffers
-    // use_stage set
+    // use_stage set, by threads st_tid of st_nt (the block; NS = 3: the warps idle in the chunk's first phase)
+    int st_tid = threadIdx.x, st_nt = blockDim.x;
     auto stage1 = [&](long r, int ch) {
-        stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2);
+        stage_async(Kds, kp * 2, Kd + r * K, (long)K * 2, C, K * 2, st_tid, st_nt);
         if (!homog) {
-            stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2); // chunk q's P starts at q C C = r C
-            stage_async(dOb + dO_slot(ch), SCAN_PADV(BV) * 2, dO + r * V + v0, (long)V * 2, C, BV * 2);
+            stage_async(Ps, lp * 2, P + r * C, (long)C * 2, C, C * 2, st_tid, st_nt); // chunk q's P starts at q C C = r C
+            stage_async(dOb + dO_slot(ch), SCAN_PADV(BV) * 2, dO + r * V + v0, (long)V * 2, C, BV * 2, st_tid, st_nt);
         }
-        if (s.gk) { stage_glast(Gl, G, r + C - 1, gw); }
+        if (s.gk) { stage_glast(Gl, G, r + C - 1, gw, st_tid, st_nt); }
     };
     auto stage2 = [&](long r) {
-        if (!homog) { stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2); }
-        stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2);
+        if (!homog) { stage_async(Qgs, kp * 2, Qg + r * K, (long)K * 2, C, K * 2, st_tid, st_nt); }
+        stage_async(Ws, kp * 2, W + r * K, (long)K * 2, C, K * 2, st_tid, st_nt);
     };
     long rl = ((long)bh * s.NC + hi - 1) * C;
     use_stage(0);
@@ -3231,7 +3259,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     if (NS == 1) { __pipeline_commit(); }
     stage2(rl);
     __pipeline_commit();
-    if (NS == 2) { // and the whole chunk before it into buffer 1 (an empty group if there is none)
+    if (NS >= 2) { // and the whole chunk before it into buffer 1 (an empty group if there is none)
         use_stage(1);
         if (hi - 2 >= lo) { stage1(rl - C, hi - 2); stage2(rl - C); }
         __pipeline_commit();
@@ -3247,11 +3275,24 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
     for (int ch = hi - 1; ch >= lo; ch--) {
         long q = (long)bh * s.NC + ch, r0 = q * C;
         bool more = ch > lo, cut = chunk_cut(s, q); // as in the forward
-        if (NS == 2) { use_stage((hi - 1 - ch) % 2); }
+        if (NS >= 2) { use_stage((hi - 1 - ch) % NS); }
         float* dec = Gl + gw; // the chunk's decay factor (one, or one per state row; 1 for no decay)
         const __nv_bfloat16* dOs = dOb + dO_slot(ch);
-        __pipeline_wait_prior(1); // NS = 1: this chunk's Kd, P, dO, G_last; NS = 2: all of this chunk's operands
+        __pipeline_wait_prior(1); // NS = 1: this chunk's Kd, P, dO, G_last; NS = 2, 3: all of this chunk's operands
         __syncthreads();
+        if (NS == 3) { // chunk ch - 2 into the buffer chunk ch + 1 has left, by the warps after the dV' tiles' (idle until
+                       // the next barrier): no staging and no barrier for it at the chunk's end
+            int nb = mt * (BV / 16);
+            if (warp >= nb && ch - 2 >= lo) {
+                use_stage((hi + 1 - ch) % 3);
+                st_tid = threadIdx.x - 32 * nb;
+                st_nt = blockDim.x - 32 * nb;
+                stage1(r0 - 2 * C, ch - 2);
+                stage2(r0 - 2 * C);
+                use_stage((hi - 1 - ch) % 3);
+            }
+            __pipeline_commit();
+        }
         // dV' = Pᵀ dO + Kd dSb: (C x C)(C x BV) + (C x K)(K x BV); the owning warp rounds its tile into Vb and dVn
         for (int t = warp; t < mt * (BV / 16); t += SCAN_WARPS_BWD) {
             int i = t / (BV / 16), j = t % (BV / 16);
@@ -3304,10 +3345,12 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             *(uint4*)(dSb + a * SCAN_PADV(BV) + c) = o;
             if (outs && more) { *(uint4*)(dhstate + ((q - 1) * K + a) * V + v0 + c) = o; }
         }
-        __syncthreads(); // Qg and W are free (NS = 2: the whole buffer)
-        if (NS == 1 && more) { stage2(r0 - C); }
-        if (NS == 2 && ch - 2 >= lo) { stage1(r0 - 2 * C, ch - 2); stage2(r0 - 2 * C); } // the chunk before the next
-        __pipeline_commit();
+        if (NS != 3) {
+            __syncthreads(); // Qg and W are free (NS = 2: the whole buffer)
+            if (NS == 1 && more) { stage2(r0 - C); }
+            if (NS == 2 && ch - 2 >= lo) { stage1(r0 - 2 * C, ch - 2); stage2(r0 - 2 * C); } // the chunk before the next
+            __pipeline_commit();
+        }
     }
     if (dS0) {
         for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
@@ -5008,10 +5051,12 @@ static void mixer_kernel_setup(void) {
     allow_dynamic_smem(bwd_scores_scalar_tc_kernel<true>, optin);
     allow_dynamic_smem(state_forward_wmma_kernel<1, 16>, optin);
     allow_dynamic_smem(state_forward_wmma_kernel<2, 16>, optin);
+    allow_dynamic_smem(state_forward_wmma_kernel<3, 16>, optin);
     allow_dynamic_smem(state_forward_wmma_kernel<1, 32>, optin);
     allow_dynamic_smem(state_forward_wmma_kernel<2, 32>, optin);
     allow_dynamic_smem(state_backward_wmma_kernel<1, 16>, optin);
     allow_dynamic_smem(state_backward_wmma_kernel<2, 16>, optin);
+    allow_dynamic_smem(state_backward_wmma_kernel<3, 16>, optin);
     allow_dynamic_smem(state_backward_wmma_kernel<1, 32>, optin);
     allow_dynamic_smem(state_backward_wmma_kernel<2, 32>, optin);
     allow_dynamic_smem(scan_groups_combine_kernel, optin);
@@ -5057,7 +5102,7 @@ static bool scores_scalar_fused(const ChunkShape& s) {
 struct MixerPlan {
     bool scan_wmma;     // tensor-core state scans that also make O (forward) and Pᵀ dO (backward); else SIMT + GEMMs
     int scan_groups;    // chunk groups of the two-level scans (1: the sequential scan; ScanGroups)
-    int scan_stages;    // the tensor-core scans' stage buffers (ScanStage): 1, or 2 for few blocks on long chains
+    int scan_stages;    // the tensor-core scans' stage buffers (ScanStage): 1, or 2 or 3 for few blocks on long chains
     int scan_bv;        // the tensor-core scans' value columns a block: 32, or 16 for few blocks on long chains
     bool scores_fused;  // scalar / no decay: scores + (I + A)^-1 in one tensor-core kernel, and one for the backward
     bool scores_tc;     // channel decay: tensor-core scores; else the exact FMA kernels
@@ -5088,15 +5133,25 @@ static int scan_groups_for(const ChunkShape& s, int bv) {
 // Two stage buffers where the scan has fewer blocks than two per multiprocessor (one sequence, few heads: each block
 // walks a long chain, and the one-stage kernel leaves the loads' latency on it) and they fit (K <= 128 at chunk 64).
 // On the H200 (2026-12-03, dev/cuda/delta_chunk v4 vs v2) two stages are 2-3% faster at B = 1, H = 8 (32 blocks) and
-// slower at the 16 x 2048 training shape (512 blocks): the rule below. scan_stages_force (the kernel lab): 1 or 2
-// whatever the rule says, where they fit.
+// slower at the 16 x 2048 training shape (512 blocks): the rule below. Three where they fit (16 value columns, K <= 128
+// at chunk 64) and each direction has warps idle in a chunk's first phase (the forward's before its O tiles, `ob`; the
+// backward's after its dV' tiles): those warps stage the chunk after next into the third buffer while the others
+// compute, which takes the copies' issue and a barrier off the chunk-to-chunk chain (dev/cuda/delta_chunk v12).
+// scan_stages_force (the kernel lab): 1, 2 or 3 whatever the rule says, where they fit.
 #define SCAN_STAGES_DEFAULT 1
+#define SCAN_STAGES3_DEFAULT 1
 static int scan_stages_force = 0;
+static bool scan3_fits(const ChunkShape& s, int bv) {
+    int mt = s.C / 16, kt = s.K / 16, nb = bv / 16;
+    return (kt + 2 * mt) * nb <= SCAN_WARPS_FWD && mt * nb < SCAN_WARPS_BWD &&
+           smem_scan_wmma(s, 3, bv) + 1024 <= (size_t)smem_optin;
+}
 static int scan_stages_for(const ChunkShape& s, int groups, int bv) {
-    bool fits = smem_scan_wmma(s, 2, bv) + 1024 <= (size_t)smem_optin;
-    if (scan_stages_force) { return scan_stages_force == 2 && fits ? 2 : 1; }
+    bool fits = smem_scan_wmma(s, 2, bv) + 1024 <= (size_t)smem_optin, fits3 = scan3_fits(s, bv);
+    if (scan_stages_force) { return scan_stages_force == 3 && fits3 ? 3 : scan_stages_force >= 2 && fits ? 2 : 1; }
     int blocks = s.B * s.H * (s.V / bv) * groups;
-    return SCAN_STAGES_DEFAULT && fits && blocks < 2 * num_sms ? 2 : 1;
+    if (!(SCAN_STAGES_DEFAULT && fits && blocks < 2 * num_sms)) { return 1; }
+    return SCAN_STAGES3_DEFAULT && fits3 ? 3 : 2;
 }
 // The value columns of a tensor-core scan block: 16 where even 16-column blocks (B H V / 16) leave each one a
 // multiprocessor of its own (one sequence, few heads: every block walks a long chain, and the narrower slice halves
@@ -5148,7 +5203,10 @@ static void mixer_plan_print(const ChunkShape& s, int K, int V) {
                                                     : "SIMT fp32 state scans + batched GEMMs",
              p.scan_groups > 1 ? ", two-level" : "");
     if (p.scan_groups > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), " in %d chunk groups", p.scan_groups); }
-    if (p.scan_stages > 1) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", next chunk staged whole"); }
+    if (p.scan_stages == 2) { snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", next chunk staged whole"); }
+    if (p.scan_stages == 3) {
+        snprintf(scan + strlen(scan), sizeof scan - strlen(scan), ", chunk after next staged whole by idle warps");
+    }
     if (p.scan_wmma) {
         snprintf(scan + strlen(scan), sizeof scan - strlen(scan),
                  ", %d value columns a block; V', O made again by %d columns, %d stage%s, %d warps", p.scan_bv, p.outs.bw,
@@ -5172,7 +5230,9 @@ static void state_forward_wmma(MixerSaved* sv, MixerScratch* sc, const float* S0
                                const MixerPlan& p) {
     int ng = p.scan_groups, ns = p.scan_stages, bv = p.scan_bv;
     size_t sm = smem_scan_wmma_dir(s, 0, ns, bv);
-    auto scan_kernel = bv == 16 ? (ns == 2 ? state_forward_wmma_kernel<2, 16> : state_forward_wmma_kernel<1, 16>)
+    auto scan_kernel = bv == 16 ? (ns == 3   ? state_forward_wmma_kernel<3, 16>
+                                   : ns == 2 ? state_forward_wmma_kernel<2, 16>
+                                             : state_forward_wmma_kernel<1, 16>)
                                 : (ns == 2 ? state_forward_wmma_kernel<2, 32> : state_forward_wmma_kernel<1, 32>);
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_FWD, K = s.K, V = s.V;
     if (ng > 1 && s.doc) { fail(EXIT_SYSTEM, "the two-level scans do not take packed documents (a kernel-lab setting)"); }
@@ -5200,7 +5260,9 @@ static void state_backward_wmma(MixerScratch* sc, const MixerSaved* sv, const fl
                                 const MixerPlan& p) {
     int ng = p.scan_groups, ns = p.scan_stages, bv = p.scan_bv;
     size_t sm = smem_scan_wmma_dir(s, 1, ns, bv);
-    auto scan_kernel = bv == 16 ? (ns == 2 ? state_backward_wmma_kernel<2, 16> : state_backward_wmma_kernel<1, 16>)
+    auto scan_kernel = bv == 16 ? (ns == 3   ? state_backward_wmma_kernel<3, 16>
+                                   : ns == 2 ? state_backward_wmma_kernel<2, 16>
+                                             : state_backward_wmma_kernel<1, 16>)
                                 : (ns == 2 ? state_backward_wmma_kernel<2, 32> : state_backward_wmma_kernel<1, 32>);
     int BH = s.B * s.H, nt = 32 * SCAN_WARPS_BWD, K = s.K, V = s.V;
     if (ng > 1 && s.doc) { fail(EXIT_SYSTEM, "the two-level scans do not take packed documents (a kernel-lab setting)"); }
@@ -7627,7 +7689,7 @@ int main(int argc, char** argv) {
     }
     prof_on = getenv("PDN_PROFILE") && atoi(getenv("PDN_PROFILE")) != 0;
 #ifndef ENABLE_FP32
-    // a kernel-plan experiment without a rebuild: PDN_SCAN_STAGES=1|2 forces the scans' stage buffers (MixerPlan)
+    // a kernel-plan experiment without a rebuild: PDN_SCAN_STAGES=1|2|3 forces the scans' stage buffers (MixerPlan)
     if (getenv("PDN_SCAN_STAGES")) { scan_stages_force = atoi(getenv("PDN_SCAN_STAGES")); }
     if (getenv("PDN_SCAN_BV")) { scan_bv_force = atoi(getenv("PDN_SCAN_BV")); } // 16 | 32: the scans' value columns
 #endif

@@ -77,7 +77,18 @@ Versions (everything else is the trainer's code):
       as v6's scans with v9's or v10's backward at B = 1) mixer_plan picks, so its timing is the mixer as train_pdncu
       runs it (scripts/bench_gpu.sh prints v11's table). Checked against the reference and against v2 at 1e-3 (v2
       when it runs in the same call). Run alone on an H100 (bf16, 2026-12-07, results/sigmoid_2026-12-07_h100/): 387
-      checks PASS against the reference; not yet timed.
+      checks PASS against the reference; first timed the same night (results/stages3_2026-12-07_h100/).
+  v12 v6 (its backward too: the batched GEMMs) with three stage buffers in the state scans (MixerPlan.scan_stages
+      = 3): the warps idle in a chunk's first phase (the forward's before its O tiles, the backward's after its
+      dV' tiles) stage the chunk after next into the third buffer, so the copies are no longer issued by every
+      warp between chunks and the barrier that freed the buffer for them is gone. The arithmetic is v6's, so its
+      outputs must equal v2's bit for bit (checked when both run); validation at chunks of 16 walks 13 chunks, so
+      the three buffers turn over several times. Where it fits (16 value columns, K <= 128 at chunk 64) it is the
+      trainer's plan in place of v6's (SCAN_STAGES3_DEFAULT). Written 2026-12-07 after Nsight Compute showed the
+      copies' issue (stage_async's divisions and loops) at ~40% of the scans' instructions at 1 x 32768, with
+      stage_async's divisions by shifts in the same change. On an H100 the same day: 5,062 checks PASS in the whole
+      lab (v12 = v2 bit for bit); fwd+bwd at B = 1, T = 16384 v6 -> v12 pgdn 3.34 -> 3.23 ms, dn 2.76 -> 2.64 (one
+      build); v11 (the trainer's plan) against the build before both changes pgdn 2.85 -> 2.58, dn 2.22 -> 2.03.
 Every version's backward starts with mixer_remake, as the trainer's does for a layer whose forward is not the last
 one run; with the tensor-core scans it makes V' and O again, which must equal the forward's bit for bit (checked).
 v2 also runs the remake under every choice of OUTS_LAB (state_outputs_wmma_kernel's value columns per work item,
@@ -127,13 +138,13 @@ Exit code: 0 if every check passed, 1 if any failed.
 #define NVERSIONS 1
 static const double TOL = 1e-4;
 #else
-#define NVERSIONS 11
+#define NVERSIONS 12
 static const double TOL = 2e-2;
 #endif
-static const char* VERSION_NAME[12] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
+static const char* VERSION_NAME[13] = {"", "v1 SIMT", "v2 tensor cores", "v3 two-level scans", "v4 staged scans",
                                        "v5 16-column scans", "v6 16 col, staged", "v7 v2 + bwd products",
                                        "v8 v7 + fused bwd", "v9 v8 + prep/WY", "v10 v7 + scores fin",
-                                       "v11 trainer's plan"};
+                                       "v11 trainer's plan", "v12 v6, 3 stages"};
 #ifndef ENABLE_FP32
 static int lab_groups = -1; // v3's scan_groups_force: validation sets groups of 2 chunks, timing the trainer's rule (-1)
 #endif
@@ -165,10 +176,10 @@ static bool select_version(int v, const ChunkShape& s) {
     scan_force_simt = v == 1; // v1: the SIMT scans and unfused scores, v2: the tensor-core ones, v3: v2 in chunk groups,
     scores_force_fma = v == 1; // v4: v2 with two stage buffers, v5: v2 with 16-column scan blocks
     scan_groups_force = v == 3 ? lab_groups : 0;
-    scan_stages_force = v == 4 || v == 6 ? 2 : 1;
-    scan_bv_force = v == 5 || v == 6 ? 16 : 32;
-    gemms_force = v >= 7 ? 2 : 1; // v7: v2 with the backward's products in one kernel (MixerPlan.gemms_fused)
-    bwd_fused_force = v >= 8 ? 1 : 2; // v8: products, scores, finish in one kernel (MixerPlan.bwd_fused)
+    scan_stages_force = v == 4 || v == 6 ? 2 : v == 12 ? 3 : 1; // v12: v6 with three stage buffers
+    scan_bv_force = v == 5 || v == 6 || v == 12 ? 16 : 32;
+    gemms_force = v >= 7 && v != 12 ? 2 : 1; // v7: v2 with the backward's products in one kernel (MixerPlan.gemms_fused)
+    bwd_fused_force = v >= 8 && v != 12 ? 1 : 2; // v8: products, scores, finish in one kernel (MixerPlan.bwd_fused)
     prep_wy_force = v == 9 ? 1 : 2;   // v9: v8 (v7 where v8 does not run) with X, Y on chip (MixerPlan.prep_wy)
     scores_fin_force = v == 10 ? 1 : 2; // v10: channel decay, v7 with the finish in the scores kernels (MixerPlan.scores_fin)
     MixerPlan p = mixer_plan(s);
@@ -181,6 +192,7 @@ static bool select_version(int v, const ChunkShape& s) {
     if (v == 8) { return w && p.scan_groups == 1 && p.bwd_fused; }
     if (v == 9) { return w && p.scan_groups == 1 && p.prep_wy; } // with the GEMMs where the fused products do not fit
     if (v == 10) { return w && p.scan_groups == 1 && p.scores_fin; } // channel decay only
+    if (v == 12) { return w && p.scan_groups == 1 && p.scan_bv == 16 && p.scan_stages == 3; }
     return v == 1 ? !w : (w && p.scan_groups == 1);
 #endif
 }
@@ -442,7 +454,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
     cudaCheck(cudaMemcpy(d.beta, h.beta.data(), rows * sizeof(float), cudaMemcpyHostToDevice));
     cudaCheck(cudaMemcpy(d.g, h.g.data(), h.g.size() * sizeof(float), cudaMemcpyHostToDevice));
     const floatX* kt = two_keys ? d.kt : d.k;
-    std::vector<float> out_v2; // v2's outputs, for v4's, v5's and v6's bit-for-bit checks and v7's near one
+    std::vector<float> out_v2; // v2's outputs, for v4's, v5's, v6's and v12's bit-for-bit checks and v7's near one
     for (int v = 1; v <= NVERSIONS; v++) {
         if (version_sel && v != version_sel) { continue; }
         char tag[96];
@@ -459,6 +471,10 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
 #ifndef ENABLE_FP32
         if ((v == 4 || v == 6) && smem_scan_wmma(s, 2, v == 6 ? 16 : 32) + 1024 > (size_t)smem_optin) { // by design: the plan then keeps one stage
             printf("skip %s: %s: two stage buffers do not fit at K = %d\n", tag, VERSION_NAME[v], K);
+            continue;
+        }
+        if (v == 12 && !scan3_fits(s, 16)) { // by design: the plan then keeps two stages or one
+            printf("skip %s: %s: three stage buffers do not fit at K = %d\n", tag, VERSION_NAME[v], K);
             continue;
         }
         if ((v == 7 || v == 8) && bg_layout(C, K, V).bytes + 1024 > (size_t)smem_optin) { // by design: the plan then runs the GEMMs
@@ -524,7 +540,7 @@ static void validate_case(int version_sel, int C, int K, int gk_kind, int two_ke
             if (two_keys) { add(d.dkt, rows * K); }
             if (gk) { add(d.dg, h.g.size()); }
             if (v == 2) { out_v2 = all; }
-            else if (v >= 7 && !out_v2.empty()) {
+            else if (v >= 7 && v != 12 && !out_v2.empty()) {
                 // v2's bits are not expected (the products sum in another order), but nearly: fp32 sums in another
                 // order differ by ~1e-6 relative, and the few dW, dZ elements whose bf16 rounding then flips move by one
                 // bf16 step (2^-8 relative) each; a wrong tile or a missing term moves them by order 1
