@@ -3058,6 +3058,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_fo
             __pipeline_commit();
         }
     }
+    if (NS == 3) { __syncthreads(); } // every tile of S is stored (the loop's last barrier came before the update)
     if (S_final) {
         for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
             S_final[((long)blk * K + e / BV) * V + v0 + e % BV] = S[e / BV * SCAN_PADF(BV) + e % BV];
@@ -3352,6 +3353,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
             __pipeline_commit();
         }
     }
+    if (NS == 3) { __syncthreads(); } // every tile of dS is stored (the loop's last barrier came before the update)
     if (dS0) {
         for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
             dS0[((long)blk * K + e / BV) * V + v0 + e % BV] = dS[e / BV * SCAN_PADF(BV) + e % BV];
