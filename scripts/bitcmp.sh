@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Byte-for-byte comparison of this build against an older one (on a machine with an NVIDIA GPU): one micro-batch's
 # --debug-state (logits, loss, every parameter gradient) from ./BIN and OLD_DIR/BIN at shapes that take every kernel
-# plan (the 340m layer for each variant, chunks of 32, one long sequence: 16-column scans with two stage buffers, the
-# 1b KDA's heads of 120, the exact preconditioner, --recompute 1, an attention layer). A change that must not alter
+# plan (the 340m layer for each variant, chunks of 32, one long sequence; the state scans with 16 value columns and three
+# stage buffers (B <= 2 at 340m), 32 columns and one stage (B = 9: 288 scan blocks) or two (B = 5: 160), the 1b KDA's
+# heads of 120, the exact preconditioner, --recompute 1, an attention layer). A change that must not alter
 # the arithmetic (a refactor, a new option left off) must print IDENTICAL on every row.
 # Usage: scripts/bitcmp.sh OLD_DIR [BIN...]   (OLD_DIR: a checkout of the older revision, e.g. from
 #        `git worktree add /tmp/old REV` or `git archive REV | tar -x -C /tmp/old`; it is built there; BIN: train_pdncu
@@ -35,6 +36,9 @@ for bin in "${bins[@]}"; do
 --preset pkda-340m --n-layer 2 --vocab 512 -b 2 -t 256 -d 512
 --preset pgdn-340m --n-layer 2 --vocab 512 -b 2 -t 200 -d 400 --chunk 32
 --preset pgdn-340m --n-layer 2 --vocab 512 -b 1 -t 4096 -d 4096
+--preset kda-340m --n-layer 1 --vocab 512 -b 9 -t 256 -d 2304
+--preset pgdn-340m --n-layer 1 --vocab 512 -b 9 -t 256 -d 2304
+--preset kda-340m --n-layer 1 --vocab 512 -b 5 -t 256 -d 1280
 --preset pkda-340m --n-layer 2 --vocab 512 -b 1 -t 4096 -d 4096
 --preset pkda-1b --n-layer 1 --vocab 512 -b 1 -t 1024 -d 1024
 --preset pgdn-tiny --precond exact -b 4 -t 100
