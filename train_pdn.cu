@@ -768,14 +768,14 @@ __global__ void conv_history_kernel(floatX* hist, const floatX* z, int B, int T,
 #define CONV_CS_MAX 4    // the presets' kernel size; larger ones are refused on the GPU
 #define CONV_THREADS 256
 // rows x row_bytes from src (row stride src_stride bytes) into dst (row stride dst_stride bytes), 16 bytes a copy.
-// Where the block's threads are a whole number of rows' worth of copies (the usual case: 2 to 32 a row) each
+// Where the copying threads are a whole number of rows' worth of copies (the usual case: 2 to 32 a row) each
 // thread keeps one 16-byte column and steps its pointers down the rows: a division per copy (the general loop) was
 // 40% of the backward scan's issue time at one sequence (Nsight Compute, H200, 2026-12-03). A power of two a row (every
-// scan's operand) takes shifts, not divisions: the two divisions by the runtime `per` were still 14% of the forward
-// scan's instructions at 1 x 32768 (Nsight Compute, H100, 2026-12-07), five calls a chunk on the chain.
+// scan's operand) takes shifts, not divisions: the division and remainder by the runtime `per` were still 14% of the
+// forward scan's instructions at 1 x 32768 (Nsight Compute, H100, 2026-12-07), five calls a chunk on the chain.
 // tid, nt: the copying threads (nt of them, tid this one's index among them); by default the whole block.
 __device__ __forceinline__ void stage_async(void* dst, int dst_stride, const void* src, long src_stride, int rows, int row_bytes,
-                                            int tid = -1, int nt = 0) {
+                                            int tid = 0, int nt = 0) {
     if (nt == 0) { tid = threadIdx.x; nt = blockDim.x; }
     int per = row_bytes / 16, r, p, step;
     if ((per & (per - 1)) == 0 && (nt & (per - 1)) == 0) {
@@ -2901,7 +2901,7 @@ static const ScanGroups SCAN_SEQ = {1, 1 << 30, SCAN_OUT};
 // forward: per chunk, hstate = S; V' = U - W S; O = Qg S + P V'; S = e^G_last ⊙ S + Kdᵀ V'. The output O is made
 // here too (the warps that W S leaves idle take Qg S, kept in registers until P V' is added): no batched GEMMs after.
 // NS = 1: two blocks per multiprocessor (the 64-register cap) so that the 512 blocks of the 340m shape run in two
-// waves; NS = 2 (ScanStage): one.
+// waves; NS = 2, 3 (ScanStage): one.
 template <int NS, int BV>
 __global__ void __launch_bounds__(32 * SCAN_WARPS_FWD, NS == 1 ? 2 : 1) state_forward_wmma_kernel(floatX* hstate, floatX* Vn, floatX* O, const floatX* W,
                                                                      const floatX* U, const floatX* Kd, const floatX* Qg,
@@ -3230,7 +3230,7 @@ __global__ void __launch_bounds__(32 * SCAN_WARPS_BWD, 2) state_backward_wmma_ke
         dOb = (__nv_bfloat16*)(q + lay.v); Ps = (__nv_bfloat16*)(q + lay.p); Gl = (float*)(q + lay.g);
     };
     int lp = C + 8;
-    // NS = 1: the dO slice of chunk ch in slice ch % 2 of the one stage; NS = 2: one slice per stage
+    // NS = 1: the dO slice of chunk ch in slice ch % 2 of the one stage; NS = 2, 3: one slice per stage
     size_t dob = scan_align((size_t)C * SCAN_PADV(BV) * 2) / 2; // elements from one dO slice to the next
     auto dO_slot = [&](int ch) { return NS == 1 ? (ch % 2) * dob : (size_t)0; };
     for (int e = threadIdx.x; e < K * BV; e += blockDim.x) {
@@ -5145,7 +5145,7 @@ static int scan_groups_for(const ChunkShape& s, int bv) {
 static int scan_stages_force = 0;
 static bool scan3_fits(const ChunkShape& s, int bv) {
     int mt = s.C / 16, kt = s.K / 16, nb = bv / 16;
-    return (kt + 2 * mt) * nb <= SCAN_WARPS_FWD && mt * nb < SCAN_WARPS_BWD &&
+    return bv == 16 && (kt + 2 * mt) * nb <= SCAN_WARPS_FWD && mt * nb < SCAN_WARPS_BWD &&
            smem_scan_wmma(s, 3, bv) + 1024 <= (size_t)smem_optin;
 }
 static int scan_stages_for(const ChunkShape& s, int groups, int bv) {

@@ -33,7 +33,7 @@ Versions (everything else is the trainer's code):
       bit (checked when both run). On the H200 (2026-12-04): fwd+bwd 13-15% faster at B = 1, H = 8 for T = 2048 ..
       16384, 8-9% slower at B = 16, T = 2048: the trainer takes 16 columns only where the 16-column blocks (B H V / 16)
       are no more than the multiprocessors. v2 .. v4 force 32 columns.
-  v6  v5 with two stage buffers: what the trainer runs where B H V / 16 blocks are fewer than the multiprocessors
+  v6  v5 with two stage buffers: what the trainer ran (until v12) where B H V / 16 blocks are fewer than the SMs
       (one sequence, few heads: v5 and v4 together; until 2026-12-04 no version here ran it). Its outputs must equal
       v2's bit for bit (checked when both run). Since 2026-12-04 a 16-column forward block puts its O tiles on warps
       the state update leaves idle (train_pdn.cu `ob`), so P V' runs beside the update instead of after it: on the
@@ -74,7 +74,7 @@ Versions (everything else is the trainer's code):
       checks PASS (within 5.4e-9 of v2), fwd+bwd at B = 16 T = 2048 kda 4.93 -> 4.83 ms, pkda 5.62 -> 5.51 (v7 -> v10
       in one job); kda-340m +0.7% end to end. The trainer's plan since then (SCORES_FIN_DEFAULT 1).
   v11 the trainer's plan for each shape, nothing forced: whichever of the versions above (or their combination, such
-      as v6's scans with v9's or v10's backward at B = 1) mixer_plan picks, so its timing is the mixer as train_pdncu
+      as v12's scans with v9's or v10's backward at B = 1) mixer_plan picks, so its timing is the mixer as train_pdncu
       runs it (scripts/bench_gpu.sh prints v11's table). Checked against the reference and against v2 at 1e-3 (v2
       when it runs in the same call). Run alone on an H100 (bf16, 2026-12-07, results/sigmoid_2026-12-07_h100/): 387
       checks PASS against the reference; first timed the same night (results/stages3_2026-12-07_h100/).
